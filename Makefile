@@ -1,0 +1,30 @@
+# EvoTrainer: `make demo` runs the main job on the embedded defaults, `make test` runs the tests.
+# Both install what they need first (`make install` is a no-op when nothing changed).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.install-stamp
+
+.PHONY: install demo test bench lint
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# the local CPU wheel first: any other torch spec pulls a multi-GB CUDA build (DESIGN §10)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+demo: install
+	$(BIN)/evotrainer train --domain math --steps 150 --seed 0 --out runs/demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python benchmarks/bench_train.py
+
+lint: install
+	$(BIN)/ruff check .

@@ -1,0 +1,1 @@
+"""Diagnoser, Planner, Coder, Critic and the offline meta-policy (see the loop issue)."""

@@ -1,0 +1,144 @@
+"""The `evotrainer` command line: thin wrappers over the parts, with progress bars and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from evotrainer.errors import UserError
+from evotrainer.settings import apply_offline_switches
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="EvoTrainer: co-evolve an LLM policy and its RL training harness.")
+err = Console(stderr=True)
+
+
+@contextmanager
+def progress_display(enabled: bool):
+    """A rich progress display fed by the children's progress events; silent with --json."""
+    if not enabled:
+        yield lambda label: (lambda event: None)
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=err, transient=False) as bar:
+        tasks: dict[str, int] = {}
+
+        def feed(label: str):
+            def on_event(event: dict) -> None:
+                if label not in tasks:
+                    tasks[label] = bar.add_task(label, total=event.get("total"), info="")
+                info = "  ".join(f"{k} {v:.3f}" for k, v in event.items() if k in ("reward", "accuracy")
+                                 and isinstance(v, float))
+                bar.update(tasks[label], completed=event.get("step", 0), total=event.get("total"), info=info)
+            return on_event
+
+        yield feed
+
+
+def _ensure_writable(out: Path) -> Path:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-probe"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise UserError(f"output directory {out} is not writable ({e.strerror}): choose another --out") from e
+    return out.resolve()
+
+
+@app.command()
+def train(
+    domain: Annotated[str, typer.Option(help="task domain")] = "math",
+    steps: Annotated[int, typer.Option(min=1, help="GRPO optimizer steps")] = 150,
+    seed: Annotated[int, typer.Option(help="seed of the warm-up, the data order and sampling")] = 0,
+    out: Annotated[Path, typer.Option(help="directory for checkpoints, evidence and logs")] = Path("runs/train"),
+    harness: Annotated[Path | None, typer.Option(help="harness directory (default: the domain's template)")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="start from this checkpoint instead of the warm policy")]
+    = None,
+    model: Annotated[Path | None, typer.Option(help="start from any local Hugging Face causal LM")] = None,
+    eval_k: Annotated[int, typer.Option(help="samples per dev item for avg@k")] = 4,
+    eval_limit: Annotated[int | None, typer.Option(help="evaluate on the first N dev items only")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
+) -> None:
+    """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
+    from evotrainer.trainer.train import TrainRequest, run_train
+
+    req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(_ensure_writable(out)),
+                       harness=str(harness) if harness else None,
+                       checkpoint=str(checkpoint or model) if (checkpoint or model) else None,
+                       eval_k=eval_k, eval_limit=eval_limit)
+    with progress_display(not as_json) as feed:
+        result = run_train(req, feed)
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table(title=f"evotrainer train · {domain} · {steps} steps · seed {seed}")
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("dev greedy accuracy", f"{result['dev_before']:.3f}", f"{result['dev_after']:.3f}")
+    table.add_row(f"dev avg@{eval_k} (T=1)", f"{result['dev_before_avg']:.3f}", f"{result['dev_after_avg']:.3f}")
+    Console().print(table)
+    Console().print(f"checkpoint {result['checkpoint']}\nevidence   {result['evidence']}\n"
+                    f"time       {result['seconds']:.0f} s")
+
+
+@app.command("eval")
+def eval_cmd(
+    checkpoint: Annotated[Path, typer.Option(help="checkpoint directory")],
+    domain: Annotated[str, typer.Option(help="task domain")] = "math",
+    split: Annotated[str, typer.Option(help="dev or test")] = "dev",
+    k: Annotated[int, typer.Option(help="samples per item for avg@k")] = 4,
+    limit: Annotated[int | None, typer.Option(help="first N items only")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Sealed evaluation of a checkpoint: greedy accuracy and avg@k on dev or test."""
+    from evotrainer.trainer import jobs
+    from evotrainer.trainer.domains import get_domain
+
+    get_domain(domain)
+    if split not in ("dev", "test"):
+        raise UserError(f"unknown split {split!r}: sealed evaluation runs on dev or test")
+    work = Path(os.environ.get("EVOTRAINER_WORK", Path.home() / ".cache" / "evotrainer" / "work"))
+    with progress_display(not as_json) as feed:
+        res = jobs.evaluate(checkpoint, domain, split, _ensure_writable(work), k=k, limit=limit,
+                            on_progress=feed("evaluate"))
+    summary = {"checkpoint": str(checkpoint), "domain": domain, "split": split, "n_items": res.n_items,
+               "accuracy": res.accuracy, f"avg@{k}": res.avg_at_k, f"pass@{k}": res.pass_at_k,
+               "by_difficulty": res.by_difficulty, "fingerprint": res.fingerprint}
+    if as_json:
+        print(json.dumps(summary))
+    else:
+        for key, value in summary.items():
+            Console().print(f"{key:>14}  {value}")
+
+
+def main() -> None:
+    apply_offline_switches()
+    try:
+        app(standalone_mode=False)
+    except UserError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as e:  # click's usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

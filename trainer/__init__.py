@@ -1,0 +1,1 @@
+"""Policy factory, GRPO backend, evidence store, sealed evaluation, domains."""

@@ -1,0 +1,66 @@
+"""What every domain provides: a task source with disjoint splits and a sealed scorer.
+
+The sealed side (DESIGN §5) is owned here and never by a harness: the scorer decides whether
+a completion is correct, grades every training rollout into the evidence column `correct`, and
+grades dev and test. Its fingerprint (a hash of the domain's source code and of its generated
+data) is re-checked before every evaluation, so a changed scorer cannot silently move a score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of a domain. `answer` and `fmt` are sealed: rewards may read them, never change them."""
+
+    id: str
+    prompt: str
+    answer: str
+    difficulty: int
+    fmt: str  # how the final answer must be written (domain-specific, read by the sealed scorer)
+    target: str  # a correct completion, used only for the SFT warm-up
+
+    def row(self) -> dict:
+        """The dataset row handed to TRL (every column reaches the reward functions)."""
+        d = asdict(self)
+        d["prompt_id"] = d.pop("id")
+        d.pop("target")
+        return d
+
+
+class Domain(Protocol):
+    name: str
+    max_new_tokens: int  # generation budget of sealed evaluation
+
+    def tasks(self, split: str, n: int | None = None, seed: int = 0) -> list[Task]:
+        """Deterministic tasks of a split; train may be sampled with any seed, dev/test are fixed."""
+
+    def score(self, completion: str, answer: str, fmt: str) -> bool:
+        """The sealed scorer: is the completion's final answer correct."""
+
+    def parse(self, completion: str, fmt: str) -> str | None:
+        """The final answer as the sealed scorer reads it, or None when it cannot be read."""
+
+
+def prompt_hash(prompt: str) -> int:
+    """Stable hash of a normalised prompt: splits are assigned by it, so they are disjoint by construction."""
+    norm = " ".join(prompt.lower().split())
+    return int.from_bytes(hashlib.blake2b(norm.encode(), digest_size=8).digest(), "big")
+
+
+def fingerprint(domain: Domain) -> str:
+    """Hash of the domain's code and of its dev/test data: changes when the sealed side changes."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(inspect.getsource(inspect.getmodule(type(domain))).encode())
+    h.update(inspect.getsource(inspect.getmodule(Task)).encode())
+    for split in ("dev", "test"):
+        for t in domain.tasks(split):
+            h.update(f"{t.id}\x00{t.prompt}\x00{t.answer}\x00{t.fmt}\n".encode())
+    return h.hexdigest()

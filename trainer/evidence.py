@@ -1,0 +1,147 @@
+"""Rollout evidence: one Parquet row per rollout, per-step aggregates beside it (DESIGN §6).
+
+Layout under an evidence root:
+
+    evidence/g<generation>/<branch>/rollouts-<last step>.parquet   one row per completion
+    evidence/g<generation>/<branch>/steps-<last step>.parquet      one row per optimizer step
+
+Files are written in chunks that end where a training checkpoint is saved, so an interrupted
+run that resumes from checkpoint S drops the chunks after S (`truncate_after`) and rewrites them
+identically. `read_rollouts` / `read_steps` are the one way to read evidence back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from evotrainer.errors import UserError
+
+# The fixed columns of a rollout row; reward_<component> columns are added per harness, and
+# multi-turn domains add turns, tool_calls, tool_errors, transcript.
+ROLLOUT_SCHEMA = pa.schema([
+    ("rollout_id", pa.string()),
+    ("run", pa.string()),
+    ("generation", pa.int32()),
+    ("branch", pa.string()),
+    ("harness_commit", pa.string()),
+    ("checkpoint", pa.string()),
+    ("step", pa.int32()),
+    ("prompt_id", pa.string()),
+    ("group_id", pa.string()),
+    ("sample_idx", pa.int16()),
+    ("difficulty", pa.int16()),
+    ("prompt", pa.string()),
+    ("completion", pa.string()),
+    ("n_tokens", pa.int32()),
+    ("truncated", pa.bool_()),
+    ("reward", pa.float32()),
+    ("advantage", pa.float32()),
+    ("loss_masked", pa.bool_()),
+    ("correct", pa.bool_()),
+    ("mean_logprob", pa.float32()),
+])
+
+# Per-step aggregates, renamed from TRL's logged metric names to stable ones.
+STEP_METRICS = {
+    "reward": "reward",
+    "reward_std": "reward_std",
+    "frac_reward_zero_std": "frac_zero_std",
+    "entropy": "entropy",
+    "kl": "kl",
+    "grad_norm": "grad_norm",
+    "loss": "loss",
+    "learning_rate": "learning_rate",
+    "clip_ratio/region_mean": "clip_ratio",
+    "clip_ratio/low_mean": "clip_ratio_low",
+    "clip_ratio/high_mean": "clip_ratio_high",
+    "completions/mean_length": "mean_length",
+    "completions/clipped_ratio": "truncated_ratio",
+}
+
+
+def branch_dir(branch: str) -> str:
+    """A branch name as a single path component (`cand/g1-x` -> `cand--g1-x`)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", branch)
+
+
+class EvidenceWriter:
+    """Buffers rows of one (generation, branch) and writes them as a chunk on `flush(last_step)`."""
+
+    def __init__(self, root: str | Path, generation: int, branch: str):
+        self.dir = Path(root) / f"g{generation}" / branch_dir(branch)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rollouts: list[dict] = []
+        self.steps: list[dict] = []
+
+    def add_rollouts(self, rows: list[dict]) -> None:
+        self.rollouts.extend(rows)
+
+    def add_step(self, row: dict) -> None:
+        self.steps.append(row)
+
+    def flush(self, last_step: int) -> None:
+        """Write buffered rows atomically (temp file, then rename): a crash never leaves half a chunk."""
+        for name, rows in (("rollouts", self.rollouts), ("steps", self.steps)):
+            if not rows:
+                continue
+            table = pa.Table.from_pylist(rows)
+            if name == "rollouts":
+                table = _conform(table)
+            path = self.dir / f"{name}-{last_step:07d}.parquet"
+            if path.exists():
+                raise FileExistsError(f"evidence chunk {path} already written: chunks never overwrite each other")
+            tmp = path.with_suffix(".tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+            rows.clear()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop chunks that end after `step` (they are regenerated when a run resumes from `step`)."""
+        for path in self.dir.glob("*.parquet"):
+            if int(path.stem.rsplit("-", 1)[1]) > step:
+                path.unlink()
+        for path in self.dir.glob("*.tmp"):
+            path.unlink()
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """Cast the fixed columns to ROLLOUT_SCHEMA's types, keep extra (reward_*, multi-turn) columns after them."""
+    missing = [f.name for f in ROLLOUT_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise ValueError(f"rollout rows lack columns {missing}")
+    fixed = [table.column(f.name).cast(f.type) for f in ROLLOUT_SCHEMA]
+    extra = [n for n in table.column_names if n not in ROLLOUT_SCHEMA.names]
+    return pa.table(fixed + [table.column(n) for n in extra], names=ROLLOUT_SCHEMA.names + extra)
+
+
+def _read(root: str | Path, kind: str, generation: int | None, branch: str | None) -> pa.Table:
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"evidence directory {root} does not exist: pass a run's evidence/ folder")
+    gen_glob = f"g{generation}" if generation is not None else "g*"
+    br_glob = branch_dir(branch) if branch is not None else "*"
+    files = sorted(root.glob(f"{gen_glob}/{br_glob}/{kind}-*.parquet"))
+    if not files:
+        return pa.table({}) if kind == "steps" else ROLLOUT_SCHEMA.empty_table()
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise UserError(f"evidence file {f} is corrupt ({e}): delete it and re-run the step range it held") from e
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def read_rollouts(root: str | Path, generation: int | None = None, branch: str | None = None) -> pa.Table:
+    """All rollout rows under an evidence root, optionally of one generation and/or branch."""
+    return _read(root, "rollouts", generation, branch)
+
+
+def read_steps(root: str | Path, generation: int | None = None, branch: str | None = None) -> pa.Table:
+    """All per-step aggregate rows under an evidence root."""
+    return _read(root, "steps", generation, branch)

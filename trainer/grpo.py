@@ -1,0 +1,226 @@
+"""GRPO backend: train a policy N steps with a harness, capturing one evidence row per rollout.
+
+This module runs as a child process (`python -m evotrainer.trainer.grpo SPEC.json`, started
+through `evotrainer.trainer.sandbox`): it is the only place where a harness's reward functions and
+filters are imported, with the harness directory as working directory.
+
+Evidence capture is a small GRPOTrainer subclass (DESIGN §11): `_calculate_rewards` keeps the
+per-function rewards, `_generate_and_score_completions` turns the parent's output (completion ids,
+mask, advantages) plus the dataset columns into rows, grades each completion with the sealed
+scorer (`correct`), and adds the mean token log-probability under the sampling policy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from evotrainer.trainer.evidence import STEP_METRICS, EvidenceWriter
+from evotrainer.trainer.sandbox import progress
+
+
+class TrainSpec(BaseModel):
+    """Everything a training child needs; written to JSON by the parent."""
+
+    domain: str
+    checkpoint: str  # the starting policy
+    harness_dir: str
+    steps: int
+    seed: int = 0
+    out_dir: str  # holds trl/ (resumable state) and the final checkpoint
+    checkpoint_id: str
+    checkpoints_dir: str
+    evidence_dir: str
+    run: str = "run"
+    generation: int = 0
+    branch: str = "main"
+    harness_commit: str = ""
+    save_every: int = 25
+    result_path: str
+
+
+def harness_commit(harness_dir: str | Path) -> str:
+    """The git commit of a harness directory, or '' when it is not in a git repository."""
+    try:
+        out = subprocess.run(["git", "-C", str(harness_dir), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float]):
+    """The harness's knobs plus what the backend owns (paths, device, logging, seed)."""
+    from trl import GRPOConfig
+
+    knobs = {"per_device_train_batch_size": 128, "num_generations": 8, "max_completion_length": 32,
+             "learning_rate": 1e-4, **trainer_knobs}
+    return GRPOConfig(
+        output_dir=str(Path(spec.out_dir) / "trl"), max_steps=spec.steps, seed=spec.seed, data_seed=spec.seed,
+        use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], logging_steps=1,
+        save_strategy="steps", save_steps=spec.save_every, save_total_limit=1, disable_tqdm=True,
+        dataloader_num_workers=0, log_completions=False, reward_weights=reward_weights, **knobs,
+    )
+
+
+def make_trainer_class():
+    """Defined lazily so that importing this module does not import torch/TRL (the CLI imports TrainSpec)."""
+    import torch
+    from trl import GRPOTrainer
+
+    class EvidenceGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer that records every rollout of every training step."""
+
+        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, score, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.evidence, self.spec, self.score = evidence, spec, score
+            self._last_rewards = None
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            self._last_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            return self._last_rewards
+
+        def _save_checkpoint(self, model, trial):
+            # evidence on disk never runs ahead of a resumable state, nor behind it: flush, then save
+            self.evidence.flush(self.state.global_step)
+            return super()._save_checkpoint(model, trial)
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if self.model.training:
+                self.evidence.add_rollouts(self._rows(inputs, out))
+            return out
+
+        def _rows(self, inputs: list[dict], out: dict) -> list[dict]:
+            ids, adv = out["completion_ids"], out["advantages"]
+            eos, pad = self.eos_token_ids, self._tokenizer.pad_token_id
+            is_eos = torch.isin(ids, torch.tensor(eos, device=ids.device))
+            has_eos = is_eos.any(dim=1)
+            first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), ids.new_full((ids.size(0),), ids.size(1)))
+            positions = torch.arange(ids.size(1), device=ids.device).unsqueeze(0)
+            # real tokens: up to and including the first EOS, or every non-pad token when truncated
+            real = torch.where(has_eos.unsqueeze(1), positions <= first_eos.unsqueeze(1), ids != pad).int()
+            logps = out.get("old_per_token_logps")
+            if logps is None:  # not computed by TRL when generation and optimisation are aligned
+                with torch.no_grad():
+                    logps, _, _ = self._get_per_token_logps_and_entropies(
+                        self.model, torch.cat([out["prompt_ids"], ids], dim=1),
+                        torch.cat([out["prompt_mask"], real], dim=1), ids.size(1),
+                        batch_size=self.args.per_device_train_batch_size)
+            mean_logp = (logps * real).sum(1) / real.sum(1).clamp(min=1)
+            rewards = self._last_rewards
+            weights = self.reward_weights.to(rewards.device)
+            total = (rewards * weights).nansum(dim=1)
+            texts = self._tokenizer.batch_decode(ids, skip_special_tokens=True)
+            masked = out["completion_mask"].sum(1) == 0
+            step, g, s = self.state.global_step + 1, self.num_generations, self.spec
+            rows = []
+            for i, x in enumerate(inputs):
+                group = f"{step}:{i // g}"
+                row = {
+                    "rollout_id": f"{s.run}/g{s.generation}/{s.branch}/{group}:{i % g}",
+                    "run": s.run, "generation": s.generation, "branch": s.branch,
+                    "harness_commit": s.harness_commit, "checkpoint": s.checkpoint_id, "step": step,
+                    "prompt_id": x["prompt_id"], "group_id": group, "sample_idx": i % g,
+                    "difficulty": x.get("difficulty", 0), "prompt": x["prompt"], "completion": texts[i],
+                    "n_tokens": int(real[i].sum()), "truncated": not bool(has_eos[i]),
+                    "reward": float(total[i]), "advantage": float(adv[i]), "loss_masked": bool(masked[i]),
+                    "correct": bool(self.score(texts[i], x["answer"], x["fmt"])),
+                    "mean_logprob": float(mean_logp[i]),
+                }
+                for j, name in enumerate(self.reward_func_names):
+                    row[f"reward_{name}"] = float(rewards[i, j])
+                rows.append(row)
+            return rows
+
+    return EvidenceGRPOTrainer
+
+
+def train(spec: TrainSpec) -> dict:
+    """Run the GRPO training described by `spec`; resumes from its own last checkpoint if one exists."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.harness import load_filters, load_reward_functions, load_spec
+    from evotrainer.trainer.policy import load_policy
+
+    torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
+    started = time.time()
+    domain = get_domain(spec.domain)
+    hspec = load_spec(spec.harness_dir)
+    reward_funcs = load_reward_functions(spec.harness_dir, hspec)
+    model, tokenizer = load_policy(spec.checkpoint)
+    model.train()
+    args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
+    prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
+    rows = [t.row() for t in domain.tasks("train", max(prompts_needed, 1000), seed=spec.seed)]
+    for f in load_filters(spec.harness_dir, hspec):
+        rows = f(rows)
+    if not rows:
+        raise ValueError("the harness's filters removed every training prompt")
+
+    evidence = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch)
+    trl_dir = Path(args.output_dir)
+    done = sorted(trl_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    resume = str(done[-1]) if done else None
+    evidence.truncate_after(int(done[-1].name.split("-")[1]) if done else 0)
+
+    class Capture(TrainerCallback):
+        def on_log(self, args_, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                row = {"step": state.global_step, "generation": spec.generation, "branch": spec.branch}
+                row.update({ours: float(logs[theirs]) for theirs, ours in STEP_METRICS.items() if theirs in logs})
+                row.update({k.replace("rewards/", "reward_").replace("/mean", ""): float(v) for k, v in logs.items()
+                            if k.startswith("rewards/") and k.endswith("/mean")})
+                evidence.add_step(row)
+                progress(phase="train", step=state.global_step, total=spec.steps, reward=row.get("reward"))
+
+    trainer_cls = make_trainer_class()
+    trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
+                          score=domain.score)
+    trainer.train(resume_from_checkpoint=resume)
+    evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
+
+    dest = Path(spec.checkpoints_dir) / spec.checkpoint_id
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    logged = [h for h in trainer.state.log_history if "reward" in h]
+    meta = {
+        "id": spec.checkpoint_id, "parent": spec.checkpoint, "domain": spec.domain,
+        "harness": str(Path(spec.harness_dir).resolve()), "harness_commit": spec.harness_commit,
+        "steps": trainer.state.global_step, "seed": spec.seed, "generation": spec.generation, "branch": spec.branch,
+        "resumed_from": resume, "seconds": round(time.time() - started, 1),
+        "metrics": {
+            "train_reward_first": logged[0]["reward"] if logged else None,
+            "train_reward_last": logged[-1]["reward"] if logged else None,
+            "frac_zero_std_mean": sum(h.get("frac_reward_zero_std", 0) for h in logged) / max(len(logged), 1),
+        },
+    }
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    shutil.rmtree(trl_dir, ignore_errors=True)  # resumable state is no longer needed
+    return meta
+
+
+def main(argv: list[str]) -> int:
+    spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
+    meta = train(spec)
+    Path(spec.result_path).write_text(json.dumps(meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

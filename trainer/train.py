@@ -1,0 +1,128 @@
+"""`evotrainer train`: warm policy -> sealed dev eval -> GRPO under a harness -> sealed dev eval.
+
+The parent side of one training job. It owns the output directory's layout:
+
+    OUT/request.json                 the request this directory was started with (a rerun must match)
+    OUT/checkpoints/<id>/            the trained policy + meta.json
+    OUT/evidence/g0/main/*.parquet   rollouts and per-step aggregates
+    OUT/trl/                         resumable trainer state while training runs
+    OUT/logs/, OUT/specs/            child logs and the specs they were started with
+    OUT/result.json                  the printed summary
+
+Re-running the same command on the same OUT resumes an interrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from evotrainer.errors import UserError
+from evotrainer.trainer import jobs
+from evotrainer.trainer.domains import get_domain
+from evotrainer.trainer.grpo import TrainSpec, harness_commit
+from evotrainer.trainer.harness import load_spec
+from evotrainer.workspaces import TEMPLATES
+
+
+class TrainRequest(BaseModel):
+    domain: str = "math"
+    steps: int = 150
+    seed: int = 0
+    out: str
+    harness: str | None = None  # default: the domain's template
+    checkpoint: str | None = None  # default: the cached warm policy
+    eval_k: int = 4
+    eval_limit: int | None = None
+
+
+def _check_request(req: TrainRequest, out: Path) -> None:
+    """A directory holds one training run: the same request resumes it, another one is refused."""
+    path = out / "request.json"
+    if path.is_file():
+        before = TrainRequest.model_validate_json(path.read_text())
+        if before != req:
+            diff = {k: (getattr(before, k), getattr(req, k)) for k in req.model_fields if
+                    getattr(before, k) != getattr(req, k)}
+            raise UserError(f"{out} holds another training run (differs in {diff}); choose a new --out "
+                            "or repeat the original command to resume it")
+    else:
+        path.write_text(req.model_dump_json(indent=2))
+
+
+def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) -> dict:
+    """Run (or resume) one training job and return its summary (also written to OUT/result.json)."""
+    started = time.time()
+    get_domain(req.domain)  # unknown domain: one clear line before anything else
+    out = Path(req.out).resolve()
+    harness = Path(req.harness).resolve() if req.harness else TEMPLATES / req.domain
+    spec = load_spec(harness)  # YAML and schema only: no harness code runs in this process
+    if spec.domain != req.domain:
+        raise UserError(f"harness {harness} is for domain {spec.domain!r}, not {req.domain!r}")
+    if req.checkpoint and not (Path(req.checkpoint) / "config.json").is_file():
+        raise UserError(f"checkpoint {req.checkpoint} not found or not a model directory (no config.json): "
+                        "pass a directory written by `evotrainer train` or a local Hugging Face model")
+    _check_request(req, out)
+    done = out / "result.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+
+    start = Path(req.checkpoint).resolve() if req.checkpoint else \
+        jobs.warm_policy(req.domain, req.seed, out, on_progress=feed("warm-up (SFT, cached)"))
+    ckpt_id = f"{req.domain}-s{req.seed}-{req.steps}steps"
+    tspec = TrainSpec(
+        domain=req.domain, checkpoint=str(start), harness_dir=str(harness), steps=req.steps, seed=req.seed,
+        out_dir=str(out), checkpoint_id=ckpt_id, checkpoints_dir=str(out / "checkpoints"),
+        evidence_dir=str(out / "evidence"), run=out.name, harness_commit=harness_commit(harness),
+        result_path=str(out / "specs" / "train.result.json"),
+    )
+    # dev_before and training are independent: run them side by side, one core each (DESIGN §12)
+    before: dict = {}
+
+    def eval_before() -> None:
+        try:
+            before["result"] = jobs.evaluate(start, req.domain, "dev", out, k=req.eval_k, limit=req.eval_limit,
+                                             seed=req.seed)
+        except UserError as e:
+            before["error"] = e
+
+    thread = threading.Thread(target=eval_before)
+    thread.start()
+    try:
+        meta = jobs.train(tspec, out, on_progress=feed("GRPO training"))
+    finally:
+        thread.join()
+    if "error" in before:
+        raise before["error"]
+    ckpt = out / "checkpoints" / ckpt_id
+    after = jobs.evaluate(ckpt, req.domain, "dev", out, k=req.eval_k, limit=req.eval_limit, seed=req.seed)
+    b = before["result"]
+    result = {
+        "domain": req.domain, "steps": meta["steps"], "seed": req.seed,
+        "dev_before": b.accuracy, "dev_after": after.accuracy,
+        "dev_before_avg": b.avg_at_k, "dev_after_avg": after.avg_at_k, "eval_k": req.eval_k,
+        "dev_items": after.n_items, "dev_before_by_difficulty": b.by_difficulty,
+        "dev_after_by_difficulty": after.by_difficulty,
+        "checkpoint": str(ckpt), "start_checkpoint": str(start), "harness": str(harness),
+        "harness_commit": tspec.harness_commit, "evidence": str(out / "evidence"),
+        "train_reward_first": meta["metrics"]["train_reward_first"],
+        "train_reward_last": meta["metrics"]["train_reward_last"],
+        "frac_zero_std_mean": meta["metrics"]["frac_zero_std_mean"],
+        "train_seconds": meta["seconds"], "seconds": round(time.time() - started, 1),
+        "fingerprint": after.fingerprint,
+    }
+    meta_path = ckpt / "meta.json"
+    meta["metrics"].update({"dev_accuracy": after.accuracy, "dev_avg_at_k": after.avg_at_k})
+    tmp = meta_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, meta_path)
+    tmp = done.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, done)
+    return result
