@@ -111,7 +111,9 @@ class MathDomain:
             raise ValueError(f"unknown split {split!r}: expected one of train, dev, test")
         rng = random.Random(seed)
         levels, weights = list(LEVEL_WEIGHTS), list(LEVEL_WEIGHTS.values())
-        return [rng.choice(_split_pool(lvl, "train")) for lvl in rng.choices(levels, weights, k=n or 10_000)]
+        pools = {lvl: _split_pool(lvl, "train") for lvl in levels}
+        # one draw after the other, so the first n tasks of a seed do not depend on n
+        return [rng.choice(pools[rng.choices(levels, weights)[0]]) for _ in range(n or 10_000)]
 
     def parse(self, completion: str, fmt: str) -> str | None:
         if fmt == "tagged":

@@ -1,0 +1,57 @@
+import sys
+import time
+
+from evotrainer.trainer.sandbox import Limits, run_module
+
+
+def _module(tmp_path, name: str, body: str) -> str:
+    (tmp_path / f"{name}.py").write_text(body)
+    return name
+
+
+def test_ok_progress_and_cwd(tmp_path):
+    mod = _module(tmp_path, "okmod", "import os\nfrom evotrainer.trainer.sandbox import progress\n"
+                                     "progress(step=1, total=2)\nprint('cwd', os.getcwd())\n")
+    events = []
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=60),
+                     on_progress=events.append)
+    assert res.ok and events == [{"step": 1, "total": 2}]
+    assert f"cwd {tmp_path}" in (tmp_path / "log").read_text()
+
+
+def test_timeout_kills_a_silent_hang(tmp_path):
+    mod = _module(tmp_path, "hang", "import time\nwhile True: time.sleep(1)\n")
+    t = time.time()
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=2), label="cand-x")
+    assert res.reason == "timeout" and not res.ok
+    assert time.time() - t < 2 + 2
+    assert res.message.startswith("cand-x: timed out")
+
+
+def test_memory_limit(tmp_path):
+    mod = _module(tmp_path, "hog", "x = bytearray(8 * 1024**3)\n")
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=60, memory_mb=1024))
+    assert res.reason == "memory", res
+
+
+def test_signal_is_a_crash_and_exceptions_keep_their_line(tmp_path):
+    mod = _module(tmp_path, "sig", "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log1", limits=Limits(timeout_s=60))
+    assert res.reason == "crash" and "SIGSEGV" in res.message
+    mod = _module(tmp_path, "boom", "raise ValueError('reward returned 3 values for 4 completions')\n")
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log2", limits=Limits(timeout_s=60), label="cand-y")
+    assert res.reason == "error"
+    assert res.message == "cand-y: ValueError: reward returned 3 values for 4 completions"
+
+
+def test_secrets_are_not_inherited(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf-secret")
+    monkeypatch.setenv("HARMLESS", "yes")
+    mod = _module(tmp_path, "env", "import os\nprint(sorted(k for k in os.environ if 'KEY' in k or 'TOKEN' in k "
+                                   "or k == 'HARMLESS'))\n")
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=60))
+    assert res.ok
+    log = (tmp_path / "log").read_text()
+    assert "HARMLESS" in log and "OPENAI_API_KEY" not in log and "HF_TOKEN" not in log
+    assert sys.executable  # the child ran with the same interpreter

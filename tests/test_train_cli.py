@@ -1,0 +1,98 @@
+"""End to end through the real CLI: warm policy -> sealed eval -> GRPO with evidence -> sealed eval."""
+
+import shutil
+
+import pytest
+
+from evotrainer.trainer.domains import get_domain
+from evotrainer.trainer.evidence import read_rollouts, read_steps
+from evotrainer.workspaces import TEMPLATES
+
+from .conftest import last_json, run_cli
+
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_policy, tmp_path_factory):
+    out = tmp_path_factory.mktemp("train") / "run"
+    proc = run_cli("train", "--domain", "math", "--steps", str(STEPS), "--seed", "0", "--out", str(out),
+                   "--checkpoint", str(tiny_policy), "--eval-limit", "300", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, last_json(proc.stdout)
+
+
+def test_train_prints_one_json_summary(trained):
+    out, res = trained
+    for key in ("dev_before", "dev_after", "dev_before_avg", "dev_after_avg", "checkpoint", "evidence", "seconds"):
+        assert key in res
+    assert res["steps"] == STEPS and res["dev_items"] == 300
+    assert 0.0 <= res["dev_before"] <= 1.0 and 0.0 <= res["dev_after_avg"] <= 1.0
+    assert (out / "checkpoints").is_dir() and res["checkpoint"].startswith(str(out))
+
+
+def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
+    out, res = trained
+    rows = read_rollouts(res["evidence"]).to_pandas()
+    assert len(rows) == STEPS * 128  # steps x completions per step (template: 16 prompts x 8)
+    assert sorted(rows.step.unique()) == list(range(1, STEPS + 1))
+    assert rows.groupby("group_id").size().eq(8).all()
+    assert rows.rollout_id.is_unique
+    math = get_domain("math")
+    dev_answers = {t.id: t for t in math.tasks("train", 20_000, seed=0)}
+    recomputed = [math.score(r.completion, dev_answers[r.prompt_id].answer, dev_answers[r.prompt_id].fmt)
+                  for r in rows.itertuples()]
+    assert rows.correct.tolist() == recomputed
+    # the total reward is the weighted sum of the components (weights 1.0 and 0.1 in the template)
+    total = rows.reward_correctness * 1.0 + rows.reward_answer_format * 0.1
+    assert (abs(rows.reward - total) < 1e-5).all()
+    assert rows.truncated.eq(rows.loss_masked).all()  # template masks truncated completions
+    assert (rows.mean_logprob < 0).all()
+    steps = read_steps(res["evidence"]).to_pandas()
+    assert steps.step.tolist() == list(range(1, STEPS + 1))
+    assert {"reward", "reward_std", "frac_zero_std", "entropy", "grad_norm"} <= set(steps.columns)
+
+
+def test_eval_matches_dev_after_and_rerun_is_idempotent(trained, tiny_policy):
+    out, res = trained
+    proc = run_cli("eval", "--checkpoint", res["checkpoint"], "--domain", "math", "--split", "dev", "--limit", "300",
+                   "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert last_json(proc.stdout)["accuracy"] == res["dev_after"]
+    again = run_cli("train", "--domain", "math", "--steps", str(STEPS), "--seed", "0", "--out", str(out),
+                    "--checkpoint", str(tiny_policy), "--eval-limit", "300", "--json")
+    assert again.returncode == 0 and last_json(again.stdout) == res
+    other = run_cli("train", "--domain", "math", "--steps", str(STEPS + 1), "--seed", "0", "--out", str(out),
+                    "--checkpoint", str(tiny_policy), "--eval-limit", "300", "--json")
+    assert other.returncode == 2 and "holds another training run" in other.stderr
+
+
+@pytest.mark.parametrize("case", ["domain", "harness_key", "checkpoint", "out", "split"])
+def test_bad_input_is_one_clear_line(case, tmp_path, tiny_policy):
+    args = ["train", "--steps", "2", "--out", str(tmp_path / "o"), "--checkpoint", str(tiny_policy), "--json"]
+    expect = {
+        "domain": "unknown domain 'chess'",
+        "harness_key": "unknown trainer key 'learning_rat'",
+        "checkpoint": "not found or not a model directory",
+        "out": "is not writable",
+        "split": "unknown split 'train'",
+    }[case]
+    if case == "domain":
+        args += ["--domain", "chess"]
+    elif case == "harness_key":
+        h = tmp_path / "h"
+        shutil.copytree(TEMPLATES / "math", h)
+        y = h / "harness.yaml"
+        y.write_text(y.read_text().replace("learning_rate:", "learning_rat:"))
+        args += ["--harness", str(h)]
+    elif case == "checkpoint":
+        args[args.index("--checkpoint") + 1] = str(tmp_path / "missing")
+    elif case == "out":
+        (tmp_path / "file").write_text("x")
+        args[args.index("--out") + 1] = str(tmp_path / "file" / "o")
+    else:
+        args = ["eval", "--checkpoint", str(tiny_policy), "--split", "train"]
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and expect in lines[0], proc.stderr
