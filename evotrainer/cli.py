@@ -28,8 +28,9 @@ def progress_display(enabled: bool):
     if not enabled:
         yield lambda label: (lambda event: None)
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeElapsedColumn(), console=err, transient=False) as bar:
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
         tasks: dict[str, int] = {}
 
         def feed(label: str):

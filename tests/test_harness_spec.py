@@ -1,10 +1,10 @@
 import shutil
 
 import pytest
-
-from evotrainer.errors import UserError
 from evotrainer.trainer.harness import TRAINER_KEYS, load_spec
 from evotrainer.workspaces import TEMPLATES
+
+from evotrainer.errors import UserError
 
 
 @pytest.fixture
@@ -52,3 +52,19 @@ def test_unknown_top_level_key_and_bad_batch(harness):
 def test_missing_harness_file(tmp_path):
     with pytest.raises(UserError, match="has no harness.yaml"):
         load_spec(tmp_path)
+
+
+def test_harness_commit_only_for_the_root_of_a_repository(harness):
+    import subprocess
+
+    from evotrainer.trainer.grpo import harness_commit
+
+    assert harness_commit(harness) == ""
+    git = ["git", "-C", str(harness), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "gen-0"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert harness_commit(harness) == head
+    assert harness_commit(harness / "diagnostics") == ""
+    assert harness_commit(TEMPLATES / "math") == ""  # inside the package's checkout, not a harness repository

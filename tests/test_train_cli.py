@@ -3,7 +3,6 @@
 import shutil
 
 import pytest
-
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.evidence import read_rollouts, read_steps
 from evotrainer.workspaces import TEMPLATES

@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from evotrainer.trainer.evidence import STEP_METRICS, EvidenceWriter
 from evotrainer.trainer.sandbox import progress
+from pydantic import BaseModel
 
 
 class TrainSpec(BaseModel):
@@ -47,13 +46,16 @@ class TrainSpec(BaseModel):
 
 
 def harness_commit(harness_dir: str | Path) -> str:
-    """The git commit of a harness directory, or '' when it is not in a git repository."""
+    """The commit of a harness repository (or worktree), '' when the directory is not the root of one."""
     try:
-        out = subprocess.run(["git", "-C", str(harness_dir), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(["git", "-C", str(harness_dir), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
+    lines = out.stdout.split()
+    if out.returncode or len(lines) != 2 or Path(lines[0]).resolve() != Path(harness_dir).resolve():
+        return ""  # e.g. the template inside the package's own checkout: not a harness repository
+    return lines[1]
 
 
 def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float]):
@@ -147,11 +149,10 @@ def train(spec: TrainSpec) -> dict:
     """Run the GRPO training described by `spec`; resumes from its own last checkpoint if one exists."""
     import torch
     from datasets import Dataset
-    from transformers import TrainerCallback
-
     from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.harness import load_filters, load_reward_functions, load_spec
     from evotrainer.trainer.policy import load_policy
+    from transformers import TrainerCallback
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
     started = time.time()

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from evotrainer.errors import UserError
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy
 from evotrainer.trainer.sandbox import ChildResult, Limits, run_module
+
+from evotrainer.errors import UserError
 
 Progress = Callable[[dict], None] | None
 
@@ -49,7 +50,8 @@ def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfi
                                      "warmup": asdict(warm_cfg)}))
     log = work_dir / "logs" / "warmup.log"
     res = run_module("evotrainer.trainer.policy", [str(spec_path)], cwd=work_dir, log_path=log,
-                     limits=Limits(timeout_s=3 * 3600), on_progress=on_progress, label=f"warm-up of the {domain} policy")
+                     limits=Limits(timeout_s=3 * 3600), on_progress=on_progress,
+                     label=f"warm-up of the {domain} policy")
     if not res.ok:
         raise ChildFailed(res, log)
     hit = cached_policy(domain, seed, model_cfg, warm_cfg)

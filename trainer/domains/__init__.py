@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from evotrainer.errors import UserError
 from evotrainer.trainer.domains.base import Domain, Task, fingerprint
+
+from evotrainer.errors import UserError
 
 DOMAINS = ("math",)
 

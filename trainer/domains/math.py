@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import random
 import re
-from functools import lru_cache
+from functools import cache
 
 from evotrainer.trainer.domains.base import Task, prompt_hash
 
-LEVEL_WEIGHTS = {1: 0.15, 2: 0.30, 3: 0.20, 4: 0.15, 5: 0.20}
+LEVEL_WEIGHTS = {1: 0.15, 2: 0.35, 3: 0.25, 4: 0.10, 5: 0.15}
 EVAL_SIZE = 2000  # dev and test each: large enough to see effects of a few points (DESIGN §7)
 _POOL_SEED = 1234  # the candidate pools of the large levels are fixed, whatever the run seed
 
@@ -58,7 +58,7 @@ def _word(template: str, ops: str, name: str, obj: str, a: int, b: int, c: int) 
                 target=target)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _level_pool(level: int) -> tuple[Task, ...]:
     """Every task of a small level, or a fixed large sample of a big one."""
     if level == 1:
@@ -85,7 +85,7 @@ def _level_pool(level: int) -> tuple[Task, ...]:
     return tuple(seen.values())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _split_pool(level: int, split: str) -> tuple[Task, ...]:
     return tuple(t for t in _level_pool(level) if _split_of(t.prompt) == split)
 

@@ -1,0 +1,104 @@
+"""Overhead of EvoTrainer's training backend against a bare TRL GRPOTrainer loop.
+
+Both arms train the same warm policy for the same steps with the same GRPOConfig, reward functions,
+dataset and seed, each in a fresh child process with one torch thread, run alternately `--repeats`
+times. EvoTrainer's arm adds what it exists for: one evidence row per rollout (sealed grading,
+per-token log-probabilities, Parquet), per-step aggregates, resumable checkpoints every 25 steps and
+the final checkpoint with its meta.json. The bare arm saves the model once at the end.
+
+    python benchmarks/bench_train.py [--steps 60] [--repeats 2] [--checkpoint CKPT]
+
+Prints one JSON object: seconds per arm (median), the ratio evotrainer/bare, and steps per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from evotrainer.trainer import jobs
+from evotrainer.trainer.grpo import TrainSpec
+from evotrainer.trainer.sandbox import child_env
+from evotrainer.workspaces import TEMPLATES
+
+from evotrainer.settings import apply_offline_switches
+
+
+def bare_loop(spec_path: str) -> None:
+    """The reference: TRL's GRPOTrainer as a user would write it, nothing recorded."""
+    import torch
+    from datasets import Dataset
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.grpo import grpo_config
+    from evotrainer.trainer.harness import load_reward_functions, load_spec
+    from evotrainer.trainer.policy import load_policy
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(1)
+    spec = TrainSpec.model_validate_json(Path(spec_path).read_text())
+    hspec = load_spec(spec.harness_dir)
+    model, tokenizer = load_policy(spec.checkpoint)
+    model.train()
+    args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
+    args.save_strategy = "no"
+    prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
+    rows = [t.row() for t in get_domain(spec.domain).tasks("train", max(prompts_needed, 1000), seed=spec.seed)]
+    trainer = GRPOTrainer(model=model, reward_funcs=load_reward_functions(spec.harness_dir, hspec), args=args,
+                          train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer.train()
+    trainer.save_model(str(Path(spec.out_dir) / "final"))
+
+
+def _timed(cmd: list[str], cwd: str) -> float:
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=child_env(), capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"benchmark arm failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--checkpoint", help="policy to train (default: the cached warm math policy)")
+    ap.add_argument("--bare", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    apply_offline_switches()
+    if a.bare:
+        bare_loop(a.bare)
+        return
+    harness = str(TEMPLATES / "math")
+    with tempfile.TemporaryDirectory(prefix="evo-bench-") as tmp:
+        root = Path(tmp)
+        ckpt = a.checkpoint or str(jobs.warm_policy("math", 0, root))
+        times: dict[str, list[float]] = {"evotrainer": [], "bare": []}
+        for r in range(a.repeats):
+            for arm in ("bare", "evotrainer"):
+                out = root / f"{arm}-{r}"
+                spec = TrainSpec(domain="math", checkpoint=ckpt, harness_dir=harness, steps=a.steps, seed=0,
+                                 out_dir=str(out), checkpoint_id="bench", checkpoints_dir=str(out / "checkpoints"),
+                                 evidence_dir=str(out / "evidence"), result_path=str(out / "result.json"))
+                out.mkdir(parents=True)
+                spec_path = out / "spec.json"
+                spec_path.write_text(spec.model_dump_json())
+                cmd = [sys.executable, __file__, "--bare", str(spec_path)] if arm == "bare" else \
+                    [sys.executable, "-m", "evotrainer.trainer.grpo", str(spec_path)]
+                times[arm].append(_timed(cmd, harness))
+    med = {arm: statistics.median(v) for arm, v in times.items()}
+    print(json.dumps({
+        "steps": a.steps, "repeats": a.repeats, "seconds": times,
+        "median_seconds": {k: round(v, 2) for k, v in med.items()},
+        "ratio": round(med["evotrainer"] / med["bare"], 3),
+        "steps_per_second": {k: round(a.steps / v, 3) for k, v in med.items()},
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
