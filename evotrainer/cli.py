@@ -109,9 +109,8 @@ def eval_cmd(
     get_domain(domain)
     if split not in ("dev", "test"):
         raise UserError(f"unknown split {split!r}: sealed evaluation runs on dev or test")
-    work = Path(os.environ.get("EVOTRAINER_WORK", Path.home() / ".cache" / "evotrainer" / "work"))
     with progress_display(not as_json) as feed:
-        res = jobs.evaluate(checkpoint, domain, split, _ensure_writable(work), k=k, limit=limit,
+        res = jobs.evaluate(checkpoint, domain, split, _work_dir(), k=k, limit=limit,
                             on_progress=feed("evaluate"))
     summary = {"checkpoint": str(checkpoint), "domain": domain, "split": split, "n_items": res.n_items,
                "accuracy": res.accuracy, f"avg@{k}": res.avg_at_k, f"pass@{k}": res.pass_at_k,
@@ -123,10 +122,96 @@ def eval_cmd(
             Console().print(f"{key:>14}  {value}")
 
 
+def _work_dir() -> Path:
+    """Scratch space for specs and logs of commands that have no run directory."""
+    return _ensure_writable(Path(os.environ.get("EVOTRAINER_WORK", Path.home() / ".cache" / "evotrainer" / "work")))
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="the new run directory")],
+    domain: Annotated[str, typer.Option(help="task domain")] = "math",
+    seed: Annotated[int, typer.Option(help="seed of the run")] = 0,
+    force: Annotated[bool, typer.Option(help="allow a non-empty directory")] = False,
+) -> None:
+    """Create a run: run.yaml and a harness repository initialised from the domain's template (tag gen-0)."""
+    from evotrainer.workspaces.run import RunWorkspace
+
+    ws = RunWorkspace.create(directory, domain, seed=seed, force=force)
+    Console().print(f"created run {ws.path} (domain {domain}); harness repository {ws.path / 'harness'} at gen-0")
+
+
+@app.command()
+def branches(
+    directory: Annotated[Path, typer.Argument(help="a run directory")],
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list")] = False,
+) -> None:
+    """Every candidate branch: generation, parent, factor, hypothesis, status, effect, reason."""
+    from evotrainer.workspaces.run import RunWorkspace
+
+    records = RunWorkspace.open(directory).harness.lineage()
+    if as_json:
+        print(json.dumps([r.model_dump() for r in records]))
+        return
+    table = Table(title=f"harness branches of {directory}")
+    for col in ("branch", "gen", "parent", "factor", "status", "effect", "hypothesis / reason"):
+        table.add_column(col)
+    colour = {"promoted": "green", "rejected": "red", "open": "yellow"}
+    for r in records:
+        effect = "" if r.effect is None else f"{r.effect:+.3f}"
+        table.add_row(r.branch, str(r.generation), r.parent[:8], r.factor, f"[{colour[r.status]}]{r.status}[/]",
+                      effect, r.reason or r.hypothesis)
+    Console().print(table)
+
+
+@app.command()
+def show(
+    directory: Annotated[Path, typer.Argument(help="a run directory")],
+    branch: Annotated[str, typer.Argument(help="a candidate branch, e.g. cand/g1-drop-dead-groups")],
+) -> None:
+    """One candidate: its hypothesis, its diff against the champion, its backtest and verdict when present."""
+    from evotrainer.workspaces.run import RunWorkspace
+
+    ws = RunWorkspace.open(directory)
+    repo = ws.harness
+    diff = repo.diff(branch)
+    record = next((r for r in repo.lineage() if r.branch == branch), None)
+    con = Console()
+    if record:
+        con.print(f"[bold]{record.branch}[/]  generation {record.generation}  status {record.status}")
+        con.print(f"factor:     {record.factor}\nhypothesis: {record.hypothesis}")
+        if record.reason:
+            con.print(f"reason:     {record.reason}")
+        if record.effect is not None:
+            con.print(f"effect:     {record.effect:+.3f}")
+    for kind in ("backtest", "verdict"):
+        report = ws.path / "reports" / f"{kind}-{branch.replace('/', '--')}.json"
+        if report.is_file():
+            con.print(f"\n[bold]{kind}[/]\n{report.read_text()}")
+    con.print("\n[bold]diff against the champion[/]")
+    con.print(diff or "(no changes)", markup=False, highlight=False)
+
+
+@app.command()
+def validate(harness_dir: Annotated[Path, typer.Argument(help="a harness directory")]) -> None:
+    """Check a harness in the sandbox: schema, imports, and every reward on a small real batch."""
+    from evotrainer.trainer import jobs
+
+    if not harness_dir.is_dir():
+        raise UserError(f"harness directory {harness_dir} does not exist")
+    problems = jobs.validate_harness(harness_dir, _work_dir())
+    if problems:
+        for p in problems:
+            err.print(f"[red]invalid:[/red] {p}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
+    Console().print(f"harness {harness_dir} is valid")
+
+
 def main() -> None:
     apply_offline_switches()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns a typer.Exit's code instead of raising it
+        sys.exit(code if isinstance(code, int) else 0)
     except UserError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)

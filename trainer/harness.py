@@ -110,3 +110,69 @@ def load_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
             raise UserError(f"filters.py has no function {name!r} named in harness.yaml")
         out.append(fn)
     return out
+
+
+def sample_batch(domain_name: str, n: int = 12) -> dict:
+    """A small real batch for checking reward functions: right, wrong, empty and unparsable completions."""
+    from evotrainer.trainer.domains import get_domain
+
+    tasks = get_domain(domain_name).tasks("train", n // 4, seed=0)
+    completions, rows = [], []
+    for t in tasks:
+        for c in (t.target, t.target[:-1] + ("0" if t.target[-1] != "0" else "1"), "", "???"):
+            completions.append(c)
+            rows.append(t.row())
+    batch = {k: [r[k] for r in rows] for k in rows[0]}
+    batch["completions"] = completions
+    return batch
+
+
+def check_harness(harness_dir: str | Path) -> list[str]:
+    """Everything wrong with a harness, one line each (empty: valid). Imports harness code: child only."""
+    import math
+
+    try:
+        spec = load_spec(harness_dir)
+    except UserError as e:
+        return [str(e)]
+    problems: list[str] = []
+    try:
+        funcs = load_reward_functions(harness_dir, spec)
+        load_filters(harness_dir, spec)
+        for path in sorted((Path(harness_dir) / "diagnostics").glob("*.py")):
+            _import_file(path, f"harness_diagnostics_{path.stem}")
+    except UserError as e:
+        return [str(e)]
+    except Exception as e:  # an import that fails is the harness's problem, reported in one line
+        return [f"harness code failed to import: {type(e).__name__}: {e}"]
+    batch = sample_batch(spec.domain)
+    n = len(batch["completions"])
+    # the call TRL makes: prompts and completions by name, every other dataset column as a keyword
+    columns = {k: v for k, v in batch.items() if k not in ("completions", "prompt")}
+    for fn in funcs:
+        try:
+            out = fn(prompts=batch["prompt"], completions=batch["completions"], completion_ids=[[0]] * n, trainer_state=None,
+                     log_extra=lambda *a: None, log_metric=lambda *a: None, **columns)
+        except Exception as e:
+            problems.append(f"reward {fn.__name__!r} raised {type(e).__name__}: {e}")
+            continue
+        if not isinstance(out, list | tuple) or len(out) != n:
+            got = len(out) if isinstance(out, list | tuple) else type(out).__name__
+            problems.append(f"reward {fn.__name__!r} returned {got} values for {n} completions (one float each)")
+        elif not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in out):
+            bad = next(x for x in out if not (isinstance(x, int | float) and math.isfinite(x)))
+            problems.append(f"reward {fn.__name__!r} returned a non-finite or non-number value: {bad!r}")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    """Child entry point: `python -m evotrainer.trainer.harness HARNESS_DIR RESULT.json`."""
+    import json
+
+    problems = check_harness(argv[0])
+    Path(argv[1]).write_text(json.dumps({"problems": problems}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

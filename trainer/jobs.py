@@ -111,3 +111,19 @@ def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limi
     if not res.ok:
         raise ChildFailed(res, log)
     return json.loads(Path(spec.result_path).read_text())
+
+
+def validate_harness(harness_dir: str | Path, work_dir: Path, *, label: str | None = None,
+                     limits: Limits | None = None) -> list[str]:
+    """Problems of a harness (empty: valid), found by importing and calling its code in a sandboxed child."""
+    harness_dir = Path(harness_dir).resolve()
+    label = label or f"harness {harness_dir}"
+    result_path = work_dir / "specs" / f"validate-{harness_dir.name}-{os.getpid()}.json"
+    result_path.parent.mkdir(parents=True, exist_ok=True)
+    result_path.unlink(missing_ok=True)
+    log = work_dir / "logs" / f"validate-{harness_dir.name}.log"
+    res = run_module("evotrainer.trainer.harness", [str(harness_dir), str(result_path)], cwd=harness_dir, log_path=log,
+                     limits=limits or Limits(timeout_s=120, memory_mb=4096), label=label)
+    if not res.ok:
+        return [res.message]
+    return json.loads(result_path.read_text())["problems"]

@@ -1,0 +1,135 @@
+"""A run workspace (DESIGN §3): one directory per co-evolution run.
+
+    runs/<name>/
+      run.yaml            domain, seed, budget, meta-LLM, paths (RunConfig)
+      harness/            git repository: the only thing agents edit (main = champion line)
+      worktrees/<branch>/ one worktree per live candidate
+      checkpoints/<id>/   policy checkpoints + meta.json
+      evidence/           rollouts as Parquet, by generation and branch
+      reports/            health reports, backtests, verdicts
+      graph.sqlite        LangGraph checkpointer
+      events.jsonl        one line per node start/end, decision, cost
+
+A run is driven by one process at a time: `RunWorkspace.lock()` holds an exclusive lock on
+`.lock` (with the holder's pid written in it) and a second process gets a clear error.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evotrainer.errors import UserError
+from evotrainer.workspaces.repo import HarnessRepo
+
+LAYOUT = ("harness", "worktrees", "checkpoints", "evidence", "reports")
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    generations: int = Field(3, ge=1, description="generations of the loop")
+    candidates: int = Field(3, ge=1, description="candidate interventions per generation")
+    train_steps: int | None = Field(None, description="total GRPO steps, backtests included")
+    llm_dollars: float | None = Field(None, description="spend limit of the meta-LLM")
+    wall_clock_s: float | None = Field(None, description="wall-clock limit of the whole run")
+
+
+class RunConfig(BaseModel):
+    """`run.yaml`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    domain: str
+    seed: int = 0
+    budget: Budget = Field(default_factory=Budget)
+    meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
+    api_base: str | None = None
+    skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
+    fingerprint: str = Field(description="sealed scorer fingerprint at creation; every evaluation re-checks it")
+
+
+class RunWorkspace:
+    def __init__(self, path: str | Path):
+        self.path = Path(path).resolve()
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "run.yaml"
+
+    @property
+    def harness(self) -> HarnessRepo:
+        return HarnessRepo(self.path / "harness")
+
+    @classmethod
+    def create(cls, path: str | Path, domain: str, *, seed: int = 0, force: bool = False, **config) -> RunWorkspace:
+        """A new run directory with its harness repository initialised from the domain's template."""
+        from evotrainer.trainer.domains import get_domain
+        from evotrainer.trainer.evaluate import check_sealed
+
+        path = Path(path)
+        if path.exists() and any(path.iterdir()) and not force:
+            raise UserError(f"{path} is not empty: choose a new directory, or pass --force to add a run to it")
+        if (path / "run.yaml").exists():
+            raise UserError(f"{path} already holds a run (run.yaml exists): choose a new directory")
+        fp = check_sealed(get_domain(domain))
+        cfg = RunConfig(name=path.resolve().name, domain=domain, seed=seed, fingerprint=fp, **config)
+        path.mkdir(parents=True, exist_ok=True)
+        for d in LAYOUT[1:]:
+            (path / d).mkdir(exist_ok=True)
+        HarnessRepo.init_from_template(path / "harness", domain)
+        tmp = path / "run.yaml.tmp"
+        tmp.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        os.replace(tmp, path / "run.yaml")  # run.yaml last: its presence means the run is complete
+        return cls(path)
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunWorkspace:
+        """An existing run, validated; one clear error when the directory is not a run."""
+        ws = cls(path)
+        ws.config()
+        missing = [d for d in LAYOUT if not (ws.path / d).is_dir()]
+        if missing:
+            raise UserError(f"run {ws.path} is incomplete (missing {', '.join(missing)}/): it may have been "
+                            "created by an interrupted `evotrainer init`; remove it and run init again")
+        return ws
+
+    def config(self) -> RunConfig:
+        if not self.config_path.is_file():
+            raise UserError(f"{self.path} is not an EvoTrainer run (no run.yaml): create one with "
+                            "`evotrainer init --domain D DIR`")
+        try:
+            return RunConfig.model_validate(yaml.safe_load(self.config_path.read_text()))
+        except (yaml.YAMLError, ValidationError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f"{self.config_path} is not a valid run configuration: {first}") from e
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive ownership of the run; a second driver gets an error naming the holder's pid."""
+        lock_path = self.path / ".lock"
+        f = open(lock_path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise UserError(f"run {self.path} is already being driven by process {holder}: wait for it to end "
+                            "or stop it") from None
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
+        finally:
+            f.seek(0)
+            f.truncate()
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
