@@ -1,15 +1,14 @@
 """Run workspaces, harness validation in the sandbox, and the init/branches/show/validate commands."""
 
-import json
 import shutil
 import subprocess
 import sys
 
 import pytest
-
-from evotrainer.errors import UserError
 from evotrainer.workspaces import TEMPLATES
 from evotrainer.workspaces.run import LAYOUT, RunWorkspace
+
+from evotrainer.errors import UserError
 
 from .conftest import last_json, run_cli
 

@@ -151,8 +151,8 @@ def check_harness(harness_dir: str | Path) -> list[str]:
     columns = {k: v for k, v in batch.items() if k not in ("completions", "prompt")}
     for fn in funcs:
         try:
-            out = fn(prompts=batch["prompt"], completions=batch["completions"], completion_ids=[[0]] * n, trainer_state=None,
-                     log_extra=lambda *a: None, log_metric=lambda *a: None, **columns)
+            out = fn(prompts=batch["prompt"], completions=batch["completions"], completion_ids=[[0]] * n,
+                     trainer_state=None, log_extra=lambda *a: None, log_metric=lambda *a: None, **columns)
         except Exception as e:
             problems.append(f"reward {fn.__name__!r} raised {type(e).__name__}: {e}")
             continue
