@@ -55,3 +55,26 @@ def test_secrets_are_not_inherited(tmp_path, monkeypatch):
     log = (tmp_path / "log").read_text()
     assert "HARMLESS" in log and "OPENAI_API_KEY" not in log and "HF_TOKEN" not in log
     assert sys.executable  # the child ran with the same interpreter
+
+
+def test_no_network_where_the_os_allows_it(tmp_path):
+    import socket
+
+    from evotrainer.trainer.sandbox import network_isolation
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    mod = _module(tmp_path, "net", f"import socket\ns = socket.socket()\ns.settimeout(2)\n"
+                                   f"print('connect', s.connect_ex(('127.0.0.1', {port})))\n")
+    try:
+        res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=30))
+        allowed = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log2",
+                             limits=Limits(timeout_s=30, network=True))
+    finally:
+        server.close()
+    assert res.ok and allowed.ok
+    assert "connect 0" in (tmp_path / "log2").read_text()  # the same code reaches the server when allowed
+    if network_isolation():
+        assert "connect 0" not in (tmp_path / "log").read_text()

@@ -13,12 +13,14 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -34,6 +36,28 @@ class Limits(BaseModel):
     timeout_s: float = 3600.0
     memory_mb: int = 16_000  # address space; torch maps a few GB of virtual memory at import
     cpu_s: int | None = None  # defaults to 2 x timeout
+    network: bool = False  # False: an empty network namespace where the OS allows one (see network_isolation)
+
+
+@lru_cache(maxsize=1)
+def network_isolation() -> bool:
+    """Whether children can be put in an empty network namespace here (`unshare -n`, root or user namespaces)."""
+    if not shutil.which("unshare"):
+        return False
+    for cmd in (["unshare", "-n", "true"], ["unshare", "-rn", "true"]):
+        try:
+            if subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0:
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return False
+
+
+def _isolation_prefix(limits: Limits) -> list[str]:
+    if limits.network or not network_isolation():
+        return []
+    ok = subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+    return ["unshare", "-n", "--"] if ok else ["unshare", "-rn", "--"]
 
 
 class ChildResult(BaseModel):
@@ -90,7 +114,8 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with open(log_path, "a") as log:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=str(cwd), env=child_env(),
+        proc = subprocess.Popen([*_isolation_prefix(limits), sys.executable, "-m", module, *args], cwd=str(cwd),
+                                env=child_env(),
                                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                                 preexec_fn=_limit(limits))
         # a watchdog, not a check between lines: a silent hung child must be stopped too
