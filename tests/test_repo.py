@@ -96,3 +96,17 @@ def test_errors_name_the_problem(tmp_path):
         repo.commit(wt, "m", intervention_id="i", hypothesis="h", factor="f", generation=1)
     with pytest.raises(UserError, match="no harness template for domain 'chess'"):
         HarnessRepo.init_from_template(tmp_path / "c", "chess")
+
+
+def test_edits_outside_the_harness_are_refused(tmp_path):
+    repo = HarnessRepo.init_from_template(tmp_path / "h", "math")
+    _, wt = repo.create_candidate(1, "edit", tmp_path / "wt")
+    (tmp_path / "outside.txt").write_text("sealed")
+    (wt / "link").symlink_to(tmp_path)
+    for bad in ("../outside.txt", str(tmp_path / "outside.txt"), ".git/config", "link/outside.txt",
+                "diagnostics/../../outside.txt"):
+        with pytest.raises(UserError, match="outside the harness repository"):
+            HarnessRepo.write_files(wt, {"rewards.py": "# fine\n", bad: "hacked"})
+        assert (tmp_path / "outside.txt").read_text() == "sealed"
+        assert "# fine" not in (wt / "rewards.py").read_text()  # nothing written when one path is refused
+    assert HarnessRepo.write_files(wt, {"diagnostics/gate.py": "X = 1\n"}) == ["diagnostics/gate.py"]

@@ -1,6 +1,7 @@
 """End to end through the real CLI: warm policy -> sealed eval -> GRPO with evidence -> sealed eval."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 from evotrainer.trainer.domains import get_domain
@@ -54,6 +55,7 @@ def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
 
 def test_eval_matches_dev_after_and_rerun_is_idempotent(trained, tiny_policy):
     out, res = trained
+    shutil.rmtree(Path(res["checkpoint"]) / "evals")  # no cached result: greedy decoding must reproduce it
     proc = run_cli("eval", "--checkpoint", res["checkpoint"], "--domain", "math", "--split", "dev", "--limit", "300",
                    "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -110,3 +110,20 @@ def test_cli_init_branches_show(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     not_run = run_cli("branches", str(tmp_path))
     assert not_run.returncode == 2 and "not an EvoTrainer run" in not_run.stderr
+
+
+@pytest.mark.parametrize("body,reason,words", [
+    ("    while True:\n        pass\n", "timeout", "timed out after 3s"),
+    ("    x = bytearray(8 * 1024**3)\n    return [0.0] * len(completions)\n", "memory", "memory"),
+    ("    import os, signal\n    os.kill(os.getpid(), signal.SIGKILL)\n", "crash", "killed by SIGKILL"),
+])
+def test_a_misbehaving_reward_function_is_contained(tmp_path, body, reason, words):
+    from evotrainer.trainer import jobs
+    from evotrainer.trainer.sandbox import Limits
+
+    def edit(h):
+        r = h / "rewards.py"
+        r.write_text(r.read_text() + "\n\ndef answer_format(prompts, completions, **kw):\n" + body)
+    problems = jobs.validate_harness(_harness(tmp_path, edit), tmp_path, label="cand/g1-bad",
+                                     limits=Limits(timeout_s=3, memory_mb=2048))
+    assert len(problems) == 1 and problems[0].startswith("cand/g1-bad: ") and words in problems[0], problems

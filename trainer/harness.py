@@ -136,7 +136,11 @@ def check_harness(harness_dir: str | Path) -> list[str]:
     except UserError as e:
         return [str(e)]
     problems: list[str] = []
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.evaluate import check_sealed
+
     try:
+        check_sealed(get_domain(spec.domain))  # the sealed side must be intact before anything is judged
         funcs = load_reward_functions(harness_dir, spec)
         load_filters(harness_dir, spec)
         for path in sorted((Path(harness_dir) / "diagnostics").glob("*.py")):
@@ -153,6 +157,9 @@ def check_harness(harness_dir: str | Path) -> list[str]:
         try:
             out = fn(prompts=batch["prompt"], completions=batch["completions"], completion_ids=[[0]] * n,
                      trainer_state=None, log_extra=lambda *a: None, log_metric=lambda *a: None, **columns)
+        except MemoryError:
+            problems.append(f"reward {fn.__name__!r} exceeded the memory limit (MemoryError)")
+            continue
         except Exception as e:
             problems.append(f"reward {fn.__name__!r} raised {type(e).__name__}: {e}")
             continue

@@ -63,7 +63,7 @@ def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfi
 def evaluate(checkpoint: str | Path, domain: str, split: str, work_dir: Path, *, k: int = 4,
              limit: int | None = None, seed: int = 0, expected_fingerprint: str | None = None,
              on_progress: Progress = None) -> EvalResult:
-    """Sealed evaluation in a child; results of an immutable checkpoint are cached beside it."""
+    """Sealed evaluation in a child; results of an EvoTrainer checkpoint (immutable) are cached beside it."""
     checkpoint = Path(checkpoint).resolve()
     if not (checkpoint / "config.json").is_file():
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
@@ -86,7 +86,7 @@ def evaluate(checkpoint: str | Path, domain: str, split: str, work_dir: Path, *,
             raise UserError(res.log_tail.rsplit("UserError: ", 1)[1].strip())
         raise ChildFailed(res, log)
     result = EvalResult.model_validate_json(result_path.read_text())
-    if os.access(checkpoint, os.W_OK):
+    if (checkpoint / "meta.json").is_file() and os.access(checkpoint, os.W_OK):  # ours, never a user's model
         cached.parent.mkdir(exist_ok=True)
         tmp = cached.with_suffix(".tmp")
         tmp.write_text(result.model_dump_json())
@@ -126,4 +126,4 @@ def validate_harness(harness_dir: str | Path, work_dir: Path, *, label: str | No
                      limits=limits or Limits(timeout_s=120, memory_mb=4096), label=label)
     if not res.ok:
         return [res.message]
-    return json.loads(result_path.read_text())["problems"]
+    return [f"{label}: {p}" for p in json.loads(result_path.read_text())["problems"]]

@@ -116,6 +116,26 @@ class HarnessRepo:
             self._git("worktree", "add", "-q", "-b", branch, str(worktree), "main")
         return branch, worktree
 
+    @staticmethod
+    def write_files(worktree: str | Path, files: dict[str, str]) -> list[str]:
+        """Write agent-produced files into a candidate's worktree, refusing any path that leaves it.
+
+        The harness repository is the only thing agents edit (DESIGN §5): absolute paths, `..`
+        escapes, symlinks out of the tree and anything under `.git` are refused before a byte is written.
+        """
+        root = Path(worktree).resolve()
+        targets = []
+        for rel in files:
+            target = (root / rel).resolve()
+            if Path(rel).is_absolute() or not target.is_relative_to(root) or ".git" in Path(rel).parts:
+                raise UserError(f"refused: {rel!r} is outside the harness repository {root}; candidates may only "
+                                "change files of the harness")
+            targets.append(target)
+        for target, content in zip(targets, files.values()):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content)
+        return [str(t.relative_to(root)) for t in targets]
+
     def commit(self, worktree: str | Path, message: str, *, intervention_id: str, hypothesis: str, factor: str,
                generation: int) -> str:
         """Commit everything changed in a candidate's worktree, with the intervention's trailers."""
