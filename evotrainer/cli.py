@@ -207,6 +207,25 @@ def validate(harness_dir: Annotated[Path, typer.Argument(help="a harness directo
     Console().print(f"harness {harness_dir} is valid")
 
 
+@app.command()
+def diagnose(
+    path: Annotated[Path, typer.Argument(help="a run directory, a `train --out` directory or an evidence folder")],
+    generation: Annotated[int | None, typer.Option(help="only this generation")] = None,
+    branch: Annotated[str | None, typer.Option(help="only this branch")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Run every analyzer over stored rollouts: a health report with findings that cite rollout ids."""
+    from evotrainer.trainer.diagnostics.report import health_report
+
+    report = health_report(path, generation, branch)
+    if as_json:
+        print(report.model_dump_json())
+    else:
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(report.markdown()))
+
+
 def main() -> None:
     apply_offline_switches()
     try:

@@ -97,3 +97,22 @@ def test_bad_input_is_one_clear_line(case, tmp_path, tiny_policy):
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and expect in lines[0], proc.stderr
+
+
+def test_diagnose_reads_the_training_evidence(trained, tmp_path):
+    from evotrainer.trainer.diagnostics.report import HealthReport
+
+    out, res = trained
+    proc = run_cli("diagnose", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = HealthReport.model_validate_json(proc.stdout.strip().splitlines()[-1])
+    assert report.n_rollouts == STEPS * 128 and report.n_steps == STEPS
+    assert abs(report.summary["reward_mean"] - read_rollouts(res["evidence"]).column("reward").to_pandas().mean()) \
+        < 1e-6
+    text = run_cli("diagnose", str(out))
+    assert text.returncode == 0 and "Health report" in text.stdout
+    bad = tmp_path / "evidence" / "g0" / "main"
+    bad.mkdir(parents=True)
+    (bad / "rollouts-0000001.parquet").write_text("garbage")
+    proc = run_cli("diagnose", str(tmp_path))
+    assert proc.returncode == 2 and "is corrupt" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

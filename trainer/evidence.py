@@ -43,6 +43,7 @@ ROLLOUT_SCHEMA = pa.schema([
     ("advantage", pa.float32()),
     ("loss_masked", pa.bool_()),
     ("correct", pa.bool_()),
+    ("formatted", pa.bool_()),  # the sealed parser could read a final answer
     ("mean_logprob", pa.float32()),
 ])
 

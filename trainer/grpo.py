@@ -80,9 +80,9 @@ def make_trainer_class():
     class EvidenceGRPOTrainer(GRPOTrainer):
         """GRPOTrainer that records every rollout of every training step."""
 
-        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, score, **kwargs):
+        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, domain, **kwargs):
             super().__init__(*args, **kwargs)
-            self.evidence, self.spec, self.score = evidence, spec, score
+            self.evidence, self.spec, self.domain = evidence, spec, domain
             self._last_rewards = None
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -134,7 +134,8 @@ def make_trainer_class():
                     "difficulty": x.get("difficulty", 0), "prompt": x["prompt"], "completion": texts[i],
                     "n_tokens": int(real[i].sum()), "truncated": not bool(has_eos[i]),
                     "reward": float(total[i]), "advantage": float(adv[i]), "loss_masked": bool(masked[i]),
-                    "correct": bool(self.score(texts[i], x["answer"], x["fmt"])),
+                    "correct": bool(self.domain.score(texts[i], x["answer"], x["fmt"])),
+                    "formatted": self.domain.parse(texts[i], x["fmt"]) is not None,
                     "mean_logprob": float(mean_logp[i]),
                 }
                 for j, name in enumerate(self.reward_func_names):
@@ -188,7 +189,7 @@ def train(spec: TrainSpec) -> dict:
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
-                          score=domain.score)
+                          domain=domain)
     trainer.train(resume_from_checkpoint=resume)
     evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
 

@@ -1,0 +1,114 @@
+"""Each built-in analyzer fires on crafted evidence that has its failure, and stays silent on healthy evidence."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from evotrainer.trainer.diagnostics import REGISTRY, run_all
+from evotrainer.trainer.diagnostics.report import HealthReport, health_report, write_report
+from evotrainer.trainer.evidence import EvidenceWriter
+
+
+def healthy(steps: int = 12, groups: int = 8, g: int = 8, seed: int = 0) -> pd.DataFrame:
+    """Rollouts of a policy that learns honestly: mixed groups, correct rising with the reward."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for step in range(1, steps + 1):
+        p = 0.35 + 0.02 * step
+        for grp in range(groups):
+            level = 1 + grp % 4
+            for i in range(g):
+                ok = bool(rng.random() < p) if i < g - 1 else (i % 2 == 0)
+                ok = ok if i > 0 else True  # every group has a success ...
+                ok = ok if i != 1 else False  # ... and a failure: no dead groups
+                n = int(rng.integers(3, 9))
+                rows.append(dict(
+                    rollout_id=f"r/{step}:{grp}:{i}", step=step, group_id=f"{step}:{grp}", sample_idx=i,
+                    difficulty=level, prompt="12+30=", completion=str(42 + i) if ok else str(7 * i),
+                    n_tokens=n, truncated=False, loss_masked=False, correct=ok, formatted=True,
+                    reward_correctness=float(ok), reward_answer_format=1.0, mean_logprob=-0.6 - 0.1 * rng.random()))
+    df = pd.DataFrame(rows)
+    df["reward"] = df.reward_correctness + 0.1 * df.reward_answer_format
+    df["advantage"] = 0.0
+    return df
+
+
+def steps_of(df: pd.DataFrame) -> pd.DataFrame:
+    s = df.groupby("step").agg(reward=("reward", "mean")).reset_index()
+    s["grad_norm"], s["kl"], s["clip_ratio"] = 0.1, 0.0, 0.0
+    return s
+
+
+def fired(df: pd.DataFrame, steps: pd.DataFrame | None = None) -> set[str]:
+    return {f.analyzer for f in run_all(df, steps_of(df) if steps is None else steps)}
+
+
+def test_healthy_evidence_fires_nothing():
+    assert fired(healthy()) == set()
+
+
+def crafted(kind: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    df, steps = healthy(), None
+    if kind == "dead_groups":
+        dead = df.group_id.str.endswith((":0", ":1", ":2", ":3", ":4"))
+        df.loc[dead, ["correct", "reward_correctness"]] = [False, 0.0]
+    elif kind == "reward_spread":
+        df["reward"] = 0.5 + 0.001 * (df.sample_idx % 2)
+    elif kind == "truncation":
+        df.loc[df.sample_idx < 3, ["truncated", "loss_masked"]] = True
+    elif kind == "length_reward_correlation":
+        df["n_tokens"] = np.where(df.correct, 30, 5)
+    elif kind == "logprob_collapse":
+        df["mean_logprob"] = -0.01
+    elif kind == "format_failures":
+        df.loc[df.sample_idx < 4, "formatted"] = False
+    elif kind == "repetition":
+        df.loc[df.sample_idx < 2, "completion"] = "12121212121212"
+    elif kind == "component_dominance":
+        rng = np.random.default_rng(1)
+        df["reward_answer_format"] = rng.random(len(df)) * 50
+    elif kind == "shaped_vs_sealed":  # a bug: unparsable answers scored as correct; the sealed rate falls
+        late = df.step > 6
+        df.loc[late, "correct"] = df.loc[late, "sample_idx"] == 0
+        df.loc[late, "reward_correctness"] = 1.0
+    elif kind == "solve_rate_by_difficulty":
+        df.loc[df.difficulty == 4, "correct"] = False
+    elif kind == "optimizer_health":
+        steps = steps_of(df)
+        steps.loc[5, "grad_norm"] = 20.0
+    df["reward"] = df.reward_correctness + 0.1 * df.reward_answer_format if kind != "reward_spread" else df.reward
+    return df, steps
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_each_analyzer_fires_on_its_failure(kind):
+    df, steps = crafted(kind)
+    assert kind in fired(df, steps)
+    findings = [f for f in run_all(df, steps_of(df) if steps is None else steps) if f.analyzer == kind]
+    assert all(f.message and f.severity in ("info", "warning", "critical") for f in findings)
+    if kind not in ("reward_spread", "optimizer_health", "component_dominance"):
+        assert all(set(f.evidence) <= set(df.rollout_id) for f in findings)
+        assert any(f.evidence for f in findings)
+
+
+def test_divergence_is_a_gate_and_thresholds_are_overridable():
+    df, _ = crafted("shaped_vs_sealed")
+    gates = [f for f in run_all(df, steps_of(df)) if f.gate]
+    assert gates and all(f.analyzer == "shaped_vs_sealed" and f.severity == "critical" for f in gates)
+    df, _ = crafted("truncation")
+    assert "truncation" not in {f.analyzer for f in run_all(df, steps_of(df), {"truncation": {"warning": 0.5,
+                                                                                              "critical": 0.6}})}
+
+
+def test_health_report_json_and_markdown(tmp_path):
+    df, _ = crafted("shaped_vs_sealed")
+    w = EvidenceWriter(tmp_path / "evidence", 0, "main")
+    w.add_rollouts(df.assign(run="r", generation=0, branch="main", harness_commit="", checkpoint="c",
+                             prompt_id="p", advantage=0.0).to_dict("records"))
+    w.add_step({"step": 12, "reward": 0.5})
+    w.flush(12)
+    report = health_report(tmp_path)
+    assert report.n_rollouts == len(df) and report.failed_gates == ["shaped_vs_sealed"]
+    path = write_report(report, tmp_path / "reports")
+    assert HealthReport.model_validate_json(path.read_text()) == report
+    md = path.with_suffix(".md").read_text()
+    assert "**GATE** `shaped_vs_sealed`" in md
