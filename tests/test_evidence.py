@@ -10,7 +10,8 @@ def _row(step: int, i: int, branch: str = "main") -> dict:
     row.update(rollout_id=f"r/{branch}/{step}:{i}", run="r", generation=0, branch=branch, harness_commit="abc",
                checkpoint="c", step=step, prompt_id=f"p{i}", group_id=f"{step}:{i // 2}", sample_idx=i % 2,
                difficulty=2, prompt="1+1=", completion="2", n_tokens=2, truncated=False, reward=1.0,
-               advantage=0.5, loss_masked=False, correct=True, formatted=True, mean_logprob=-0.3, reward_correctness=1.0)
+               advantage=0.5, loss_masked=False, correct=True, formatted=True, mean_logprob=-0.3,
+               reward_correctness=1.0)
     return row
 
 
