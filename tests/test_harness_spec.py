@@ -43,7 +43,7 @@ def test_unknown_top_level_key_and_bad_batch(harness):
     (harness / "harness.yaml").write_text(text + "\nrewardz: []\n")
     with pytest.raises(UserError, match="rewardz"):
         load_spec(harness)
-    (harness / "harness.yaml").write_text(text.replace("per_device_train_batch_size: 128",
+    (harness / "harness.yaml").write_text(text.replace("per_device_train_batch_size: 256",
                                                        "per_device_train_batch_size: 100"))
     with pytest.raises(UserError, match="must be a multiple of trainer.num_generations"):
         load_spec(harness)

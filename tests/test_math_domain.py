@@ -24,7 +24,7 @@ def test_splits_are_large_disjoint_and_deterministic():
 def test_mixture_has_five_levels_with_most_mass_in_the_middle():
     dev = math.tasks("dev")
     share = {lvl: sum(t.difficulty == lvl for t in dev) / len(dev) for lvl in range(1, 6)}
-    assert all(v > 0.1 for v in share.values())
+    assert all(v >= 0.1 for v in share.values())
     assert share[2] + share[3] >= 0.5 * 0.99  # the learnable middle band (DESIGN §12)
     # word problems need the required answer line, and more characters than a careless limit of 12
     word = [t for t in dev if t.difficulty == 5]

@@ -9,6 +9,7 @@ import time
 from evotrainer.trainer import jobs
 from evotrainer.trainer.evidence import read_rollouts, read_steps
 from evotrainer.trainer.grpo import TrainSpec
+from evotrainer.trainer.harness import load_spec
 from evotrainer.trainer.sandbox import child_env
 from evotrainer.workspaces import TEMPLATES
 from safetensors.torch import load_file
@@ -50,6 +51,6 @@ def test_killed_training_resumes_exactly(tiny_policy, tmp_path):
     cols = ["step", "group_id", "sample_idx", "prompt_id", "completion", "reward", "advantage", "correct"]
     ra = read_rollouts(tmp_path / "ref" / "evidence").to_pandas().sort_values("rollout_id")[cols]
     rb = read_rollouts(tmp_path / "killed" / "evidence").to_pandas().sort_values("rollout_id")[cols]
-    assert len(ra) == STEPS * 128
+    assert len(ra) == STEPS * load_spec(TEMPLATES / "math").trainer["per_device_train_batch_size"]
     assert ra.reset_index(drop=True).equals(rb.reset_index(drop=True))
     assert read_steps(tmp_path / "killed" / "evidence").column("step").to_pylist() == list(range(1, STEPS + 1))

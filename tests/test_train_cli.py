@@ -6,11 +6,14 @@ from pathlib import Path
 import pytest
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.evidence import read_rollouts, read_steps
+from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces import TEMPLATES
 
 from .conftest import last_json, run_cli
 
 STEPS = 4
+BATCH = load_spec(TEMPLATES / "math").trainer["per_device_train_batch_size"]  # completions per step
+GROUP = load_spec(TEMPLATES / "math").trainer["num_generations"]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,9 @@ def test_train_prints_one_json_summary(trained):
 def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
     out, res = trained
     rows = read_rollouts(res["evidence"]).to_pandas()
-    assert len(rows) == STEPS * 128  # steps x completions per step (template: 16 prompts x 8)
+    assert len(rows) == STEPS * BATCH  # steps x completions per step
     assert sorted(rows.step.unique()) == list(range(1, STEPS + 1))
-    assert rows.groupby("group_id").size().eq(8).all()
+    assert rows.groupby("group_id").size().eq(GROUP).all()
     assert rows.rollout_id.is_unique
     math = get_domain("math")
     dev_answers = {t.id: t for t in math.tasks("train", 20_000, seed=0)}
@@ -106,7 +109,7 @@ def test_diagnose_reads_the_training_evidence(trained, tmp_path):
     proc = run_cli("diagnose", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = HealthReport.model_validate_json(proc.stdout.strip().splitlines()[-1])
-    assert report.n_rollouts == STEPS * 128 and report.n_steps == STEPS
+    assert report.n_rollouts == STEPS * BATCH and report.n_steps == STEPS
     assert abs(report.summary["reward_mean"] - read_rollouts(res["evidence"]).column("reward").to_pandas().mean()) \
         < 1e-6
     text = run_cli("diagnose", str(out))

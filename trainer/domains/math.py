@@ -1,7 +1,7 @@
 """Math domain: procedural arithmetic and two-step word problems over five difficulty levels.
 
 Levels (calibrated for a ~1M-parameter character-level policy, DESIGN §12):
-  1 near   a±b, 10<=a<=199, 1<=b<=9          mostly solved after warm-up (always-right groups)
+  1 near   a±b, 10<=a<=99, 1<=b<=9           mostly solved after warm-up (always-right groups)
   2 add    a+b, two 2-digit numbers           the learnable middle band
   3 sub    a-b, two 2-digit numbers, a>=b     the learnable middle band
   4 hard   3-digit + 3-digit, or 2-digit x 1  mostly failed (always-wrong groups)
@@ -21,7 +21,7 @@ from functools import cache
 
 from evotrainer.trainer.domains.base import Task, prompt_hash
 
-LEVEL_WEIGHTS = {1: 0.15, 2: 0.35, 3: 0.25, 4: 0.10, 5: 0.15}
+LEVEL_WEIGHTS = {1: 0.10, 2: 0.40, 3: 0.25, 4: 0.10, 5: 0.15}
 EVAL_SIZE = 2000  # dev and test each: large enough to see effects of a few points (DESIGN §7)
 _POOL_SEED = 1234  # the candidate pools of the large levels are fixed, whatever the run seed
 
@@ -62,7 +62,7 @@ def _word(template: str, ops: str, name: str, obj: str, a: int, b: int, c: int) 
 def _level_pool(level: int) -> tuple[Task, ...]:
     """Every task of a small level, or a fixed large sample of a big one."""
     if level == 1:
-        return tuple(_arith(1, a, op, b) for a in range(10, 200) for b in range(1, 10) for op in "+-")
+        return tuple(_arith(1, a, op, b) for a in range(10, 100) for b in range(1, 10) for op in "+-")
     if level == 2:
         return tuple(_arith(2, a, "+", b) for a in range(10, 100) for b in range(10, 100))
     if level == 3:
