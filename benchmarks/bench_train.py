@@ -22,23 +22,23 @@ import tempfile
 import time
 from pathlib import Path
 
+from evotrainer.settings import apply_offline_switches
 from evotrainer.trainer import jobs
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.sandbox import child_env
 from evotrainer.workspaces import TEMPLATES
-
-from evotrainer.settings import apply_offline_switches
 
 
 def bare_loop(spec_path: str) -> None:
     """The reference: TRL's GRPOTrainer as a user would write it, nothing recorded."""
     import torch
     from datasets import Dataset
+    from trl import GRPOTrainer
+
     from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.grpo import grpo_config
     from evotrainer.trainer.harness import load_reward_functions, load_spec
     from evotrainer.trainer.policy import load_policy
-    from trl import GRPOTrainer
 
     torch.set_num_threads(1)
     spec = TrainSpec.model_validate_json(Path(spec_path).read_text())

@@ -3,6 +3,7 @@
 import numpy as np
 import pandas as pd
 import pytest
+
 from evotrainer.trainer.diagnostics import REGISTRY, run_all
 from evotrainer.trainer.diagnostics.report import HealthReport, health_report, write_report
 from evotrainer.trainer.evidence import EvidenceWriter

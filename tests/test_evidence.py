@@ -1,8 +1,8 @@
 import pyarrow as pa
 import pytest
-from evotrainer.trainer.evidence import ROLLOUT_SCHEMA, EvidenceWriter, read_rollouts, read_steps
 
 from evotrainer.errors import UserError
+from evotrainer.trainer.evidence import ROLLOUT_SCHEMA, EvidenceWriter, read_rollouts, read_steps
 
 
 def _row(step: int, i: int, branch: str = "main") -> dict:

@@ -1,10 +1,10 @@
 import shutil
 
 import pytest
-from evotrainer.trainer.harness import TRAINER_KEYS, load_spec
-from evotrainer.workspaces import TEMPLATES
 
 from evotrainer.errors import UserError
+from evotrainer.trainer.harness import TRAINER_KEYS, load_spec
+from evotrainer.workspaces import TEMPLATES
 
 
 @pytest.fixture

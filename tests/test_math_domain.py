@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from evotrainer.trainer.domains import fingerprint, get_domain
 from evotrainer.trainer.domains.base import prompt_hash
 from evotrainer.trainer.evaluate import SEALED_FILE, SealedError, check_sealed

@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from evotrainer.workspaces.repo import HarnessRepo, slugify
 
 from evotrainer.errors import UserError
+from evotrainer.workspaces.repo import HarnessRepo, slugify
 
 
 def _git(path, *args) -> str:

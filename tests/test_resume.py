@@ -6,13 +6,14 @@ import subprocess
 import sys
 import time
 
+from safetensors.torch import load_file
+
 from evotrainer.trainer import jobs
 from evotrainer.trainer.evidence import read_rollouts, read_steps
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.harness import load_spec
 from evotrainer.trainer.sandbox import child_env
 from evotrainer.workspaces import TEMPLATES
-from safetensors.torch import load_file
 
 STEPS = 6
 

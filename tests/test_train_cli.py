@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.evidence import read_rollouts, read_steps
 from evotrainer.trainer.harness import load_spec

@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from evotrainer.workspaces import TEMPLATES
-from evotrainer.workspaces.run import LAYOUT, RunWorkspace
 
 from evotrainer.errors import UserError
+from evotrainer.workspaces import TEMPLATES
+from evotrainer.workspaces.run import LAYOUT, RunWorkspace
 
 from .conftest import last_json, run_cli
 

@@ -69,6 +69,7 @@ def check_sealed(domain, expected: str | None = None) -> str:
 
 def evaluate(spec: EvalSpec) -> EvalResult:
     import torch
+
     from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.policy import generate, load_policy
 

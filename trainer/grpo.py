@@ -20,9 +20,10 @@ import sys
 import time
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from evotrainer.trainer.evidence import STEP_METRICS, EvidenceWriter
 from evotrainer.trainer.sandbox import progress
-from pydantic import BaseModel
 
 
 class TrainSpec(BaseModel):
@@ -121,7 +122,10 @@ def make_trainer_class():
             weights = self.reward_weights.to(rewards.device)
             total = (rewards * weights).nansum(dim=1)
             texts = self._tokenizer.batch_decode(ids, skip_special_tokens=True)
-            masked = out["completion_mask"].sum(1) == 0
+            # tensors to Python lists once: per-element float() on tensors costs more than the rest of a row
+            masked = (out["completion_mask"].sum(1) == 0).tolist()
+            adv_l, total_l, lp_l = adv.tolist(), total.tolist(), mean_logp.tolist()
+            n_tok, eos_l, comp_l = real.sum(1).tolist(), has_eos.tolist(), rewards.tolist()
             step, g, s = self.state.global_step + 1, self.num_generations, self.spec
             rows = []
             for i, x in enumerate(inputs):
@@ -132,14 +136,14 @@ def make_trainer_class():
                     "harness_commit": s.harness_commit, "checkpoint": s.checkpoint_id, "step": step,
                     "prompt_id": x["prompt_id"], "group_id": group, "sample_idx": i % g,
                     "difficulty": x.get("difficulty", 0), "prompt": x["prompt"], "completion": texts[i],
-                    "n_tokens": int(real[i].sum()), "truncated": not bool(has_eos[i]),
-                    "reward": float(total[i]), "advantage": float(adv[i]), "loss_masked": bool(masked[i]),
+                    "n_tokens": n_tok[i], "truncated": not eos_l[i],
+                    "reward": total_l[i], "advantage": adv_l[i], "loss_masked": masked[i],
                     "correct": bool(self.domain.score(texts[i], x["answer"], x["fmt"])),
                     "formatted": self.domain.parse(texts[i], x["fmt"]) is not None,
-                    "mean_logprob": float(mean_logp[i]),
+                    "mean_logprob": lp_l[i],
                 }
                 for j, name in enumerate(self.reward_func_names):
-                    row[f"reward_{name}"] = float(rewards[i, j])
+                    row[f"reward_{name}"] = comp_l[i][j]
                 rows.append(row)
             return rows
 
@@ -150,10 +154,11 @@ def train(spec: TrainSpec) -> dict:
     """Run the GRPO training described by `spec`; resumes from its own last checkpoint if one exists."""
     import torch
     from datasets import Dataset
+    from transformers import TrainerCallback
+
     from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.harness import load_filters, load_reward_functions, load_spec
     from evotrainer.trainer.policy import load_policy
-    from transformers import TrainerCallback
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
     started = time.time()

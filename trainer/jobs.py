@@ -12,12 +12,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from evotrainer.errors import UserError
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy
 from evotrainer.trainer.sandbox import ChildResult, Limits, run_module
-
-from evotrainer.errors import UserError
 
 Progress = Callable[[dict], None] | None
 

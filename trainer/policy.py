@@ -167,9 +167,10 @@ def warm_up(domain_name: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warmu
     """
     import torch
     from datasets import Dataset
-    from evotrainer.trainer.domains import get_domain
     from transformers import TrainerCallback
     from trl import SFTConfig, SFTTrainer
+
+    from evotrainer.trainer.domains import get_domain
 
     # the warm-up runs alone: all cores (1.7x faster than one thread on 2 cores, measured)
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_WARMUP_THREADS", os.cpu_count() or 1)))

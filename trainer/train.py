@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import BaseModel
+
+from evotrainer.errors import UserError
 from evotrainer.trainer import jobs
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.grpo import TrainSpec, harness_commit
 from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces import TEMPLATES
-from pydantic import BaseModel
-
-from evotrainer.errors import UserError
 
 
 class TrainRequest(BaseModel):

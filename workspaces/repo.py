@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Literal
 
 import git
-from evotrainer.workspaces import TEMPLATES
 from pydantic import BaseModel
 
 from evotrainer.errors import UserError
+from evotrainer.workspaces import TEMPLATES
 
 IDENTITY = {"GIT_AUTHOR_NAME": "EvoTrainer", "GIT_AUTHOR_EMAIL": "evotrainer@localhost",
             "GIT_COMMITTER_NAME": "EvoTrainer", "GIT_COMMITTER_EMAIL": "evotrainer@localhost"}

@@ -23,10 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from evotrainer.workspaces.repo import HarnessRepo
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.errors import UserError
+from evotrainer.workspaces.repo import HarnessRepo
 
 LAYOUT = ("harness", "worktrees", "checkpoints", "evidence", "reports")
 

@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pandas as pd
+
 from evotrainer.trainer.diagnostics import Finding, analyzer
 
 EVIDENCE_IDS = 20

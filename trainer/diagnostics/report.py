@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from evotrainer.trainer.diagnostics import Finding, run_all
-from evotrainer.trainer.evidence import branch_dir, read_rollouts, read_steps
 from pydantic import BaseModel
 
 from evotrainer.errors import UserError
+from evotrainer.trainer.diagnostics import Finding, run_all
+from evotrainer.trainer.evidence import branch_dir, read_rollouts, read_steps
 
 
 class HealthReport(BaseModel):

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from evotrainer.trainer.domains.base import Domain, Task, fingerprint
-
 from evotrainer.errors import UserError
+from evotrainer.trainer.domains.base import Domain, Task, fingerprint
 
 DOMAINS = ("math",)
 
