@@ -68,3 +68,14 @@ def test_fingerprint_is_recorded_and_detects_a_changed_scorer(monkeypatch):
     assert fingerprint(math) != recorded
     with pytest.raises(SealedError):
         check_sealed(math)
+
+
+def test_data_fingerprint_ignores_code_but_not_data(monkeypatch):
+    from evotrainer.trainer.domains.base import data_fingerprint
+
+    before = data_fingerprint(math)
+    import evotrainer.trainer.domains.math as m
+
+    monkeypatch.setitem(m.LEVEL_WEIGHTS, 2, 0.41)
+    monkeypatch.setitem(m.LEVEL_WEIGHTS, 3, 0.24)
+    assert data_fingerprint(math) != before

@@ -125,11 +125,12 @@ def cache_root() -> Path:
 
 
 def cache_key(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupConfig) -> str:
-    """Names a warm policy by everything that shapes it, the domain's data included (its fingerprint)."""
-    from evotrainer.trainer.domains import fingerprint, get_domain
+    """Names a warm policy by everything that shapes it, the domain's tasks included."""
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.domains.base import data_fingerprint
 
     blob = json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg), "warmup": asdict(warm_cfg),
-                       "charset": CHARSET, "data": fingerprint(get_domain(domain))}, sort_keys=True)
+                       "charset": CHARSET, "data": data_fingerprint(get_domain(domain))}, sort_keys=True)
     return f"{domain}-s{seed}-{hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()}"
 
 

@@ -1,11 +1,11 @@
 """Math domain: procedural arithmetic and two-step word problems over five difficulty levels.
 
-Levels (calibrated for a ~1M-parameter character-level policy, DESIGN §12):
-  1 near   a±b, 10<=a<=99, 1<=b<=9           mostly solved after warm-up (always-right groups)
-  2 add    a+b, two 2-digit numbers           the learnable middle band
-  3 sub    a-b, two 2-digit numbers, a>=b     the learnable middle band
-  4 hard   3-digit + 3-digit, or 2-digit x 1  mostly failed (always-wrong groups)
-  5 word   two-step word problem, worked in two lines, then a required "Answer: N" line
+Levels (calibrated for a ~1M-parameter character-level policy, DESIGN §12; warm greedy accuracy):
+  1 near   a±b, 10<=a<=99, 1<=b<=9           10% of the mix, 0.27 warm (off by a few units)
+  2 add    a+b, two 2-digit numbers           the learnable middle band, 0.60 warm (always-right groups)
+  3 sub    a-b, two 2-digit numbers, a>=b     the learnable middle band, 0.54 warm
+  4 hard   3-digit + 3-digit, or 2-digit x 1  ~0.01: always-wrong groups
+  5 word   two-step word problem, worked in two lines, then a required "Answer: N" line: ~0.01
 
 Levels 1-4 are answered bare ("57+8=" -> "65"); level 5 must end with the line "Answer: N",
 which is also why its completions are ~25 characters long: a careless completion-length limit
