@@ -51,7 +51,9 @@ def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
     total = rows.reward_correctness * 1.0 + rows.reward_answer_format * 0.1
     assert (abs(rows.reward - total) < 1e-5).all()
     assert rows.truncated.eq(rows.loss_masked).all()  # template masks truncated completions
-    assert (rows.mean_logprob < 0).all()
+    # log-probabilities come from the loss's own forward pass: none for completions masked out of it
+    assert (rows.mean_logprob[~rows.loss_masked] < 0).all()
+    assert rows.mean_logprob[rows.loss_masked].isna().all()
     steps = read_steps(res["evidence"]).to_pandas()
     assert steps.step.tolist() == list(range(1, STEPS + 1))
     assert {"reward", "reward_std", "frac_zero_std", "entropy", "grad_norm"} <= set(steps.columns)
@@ -120,3 +122,24 @@ def test_diagnose_reads_the_training_evidence(trained, tmp_path):
     (bad / "rollouts-0000001.parquet").write_text("garbage")
     proc = run_cli("diagnose", str(tmp_path))
     assert proc.returncode == 2 and "is corrupt" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_mean_logprob_is_the_sampling_policys(trained, tiny_policy):
+    """Step-1 rollouts were sampled from the starting policy: recomputing their log-probabilities with it must
+    give the recorded values, row by row (this checks the row mapping through TRL's shuffle of the batch)."""
+    import torch
+
+    from evotrainer.trainer.policy import load_policy
+
+    out, res = trained
+    rows = read_rollouts(res["evidence"]).to_pandas()
+    rows = rows[(rows.step == 1) & ~rows.loss_masked].head(40)
+    model, tok = load_policy(tiny_policy)
+    for r in rows.itertuples():
+        p = tok(r.prompt, add_special_tokens=False)["input_ids"]
+        c = tok(r.completion, add_special_tokens=False)["input_ids"]
+        c = (c + [tok.eos_token_id])[: r.n_tokens]
+        with torch.no_grad():
+            logits = model(torch.tensor([p + c])).logits[0, len(p) - 1: len(p) + len(c) - 1]
+        lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(c).unsqueeze(1)).mean().item()
+        assert abs(lp - r.mean_logprob) < 1e-3, (r.rollout_id, lp, r.mean_logprob)
