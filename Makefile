@@ -24,7 +24,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/python benchmarks/bench_train.py
+	$(BIN)/python benchmarks/bench_train.py --steps 30 --repeats 2
 
 lint: install
 	$(BIN)/ruff check .
