@@ -40,24 +40,26 @@ class Limits(BaseModel):
 
 
 @lru_cache(maxsize=1)
-def network_isolation() -> bool:
-    """Whether children can be put in an empty network namespace here (`unshare -n`, root or user namespaces)."""
+def _netns_prefix() -> tuple[str, ...]:
+    """The command prefix that puts a child in an empty network namespace here, or () where none works."""
     if not shutil.which("unshare"):
-        return False
-    for cmd in (["unshare", "-n", "true"], ["unshare", "-rn", "true"]):
+        return ()
+    for flags in ("-n", "-rn"):  # as root; else through a user namespace
         try:
-            if subprocess.run(cmd, capture_output=True, timeout=10).returncode == 0:
-                return True
+            if subprocess.run(["unshare", flags, "true"], capture_output=True, timeout=10).returncode == 0:
+                return ("unshare", flags, "--")
         except (OSError, subprocess.TimeoutExpired):
             pass
-    return False
+    return ()
+
+
+def network_isolation() -> bool:
+    """Whether children can be put in an empty network namespace on this machine."""
+    return bool(_netns_prefix())
 
 
 def _isolation_prefix(limits: Limits) -> list[str]:
-    if limits.network or not network_isolation():
-        return []
-    ok = subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
-    return ["unshare", "-n", "--"] if ok else ["unshare", "-rn", "--"]
+    return [] if limits.network else list(_netns_prefix())
 
 
 class ChildResult(BaseModel):
