@@ -36,8 +36,8 @@ def bare_loop(spec_path: str) -> None:
     from trl import GRPOTrainer
 
     from evotrainer.trainer.domains import get_domain
-    from evotrainer.trainer.grpo import grpo_config
-    from evotrainer.trainer.harness import load_reward_functions, load_spec
+    from evotrainer.trainer.grpo import grpo_config, training_rows
+    from evotrainer.trainer.harness import load_filters, load_reward_functions, load_spec
     from evotrainer.trainer.policy import load_policy
 
     torch.set_num_threads(1)
@@ -47,8 +47,7 @@ def bare_loop(spec_path: str) -> None:
     model.train()
     args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
     args.save_strategy = "no"
-    prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
-    rows = [t.row() for t in get_domain(spec.domain).tasks("train", max(prompts_needed, 1000), seed=spec.seed)]
+    rows = training_rows(spec, args, get_domain(spec.domain), load_filters(spec.harness_dir, hspec))
     trainer = GRPOTrainer(model=model, reward_funcs=load_reward_functions(spec.harness_dir, hspec), args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()

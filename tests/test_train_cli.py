@@ -43,8 +43,8 @@ def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
     assert rows.groupby("group_id").size().eq(GROUP).all()
     assert rows.rollout_id.is_unique
     math = get_domain("math")
-    dev_answers = {t.id: t for t in math.tasks("train", 20_000, seed=0)}
-    recomputed = [math.score(r.completion, dev_answers[r.prompt_id].answer, dev_answers[r.prompt_id].fmt)
+    train_tasks = {t.id: t for t in math.tasks("train", 20_000, seed=0)}
+    recomputed = [math.score(r.completion, train_tasks[r.prompt_id].answer, train_tasks[r.prompt_id].fmt)
                   for r in rows.itertuples()]
     assert rows.correct.tolist() == recomputed
     # the total reward is the weighted sum of the components (weights 1.0 and 0.1 in the template)

@@ -73,6 +73,17 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
     )
 
 
+def training_rows(spec: TrainSpec, args, domain, harness_filters: list) -> list[dict]:
+    """The dataset rows one training run sees: enough train tasks for `spec.steps`, then the harness's filters."""
+    prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
+    rows = [t.row() for t in domain.tasks("train", max(prompts_needed, 1000), seed=spec.seed)]
+    for f in harness_filters:
+        rows = f(rows)
+    if not rows:
+        raise ValueError("the harness's filters removed every training prompt")
+    return rows
+
+
 def make_trainer_class():
     """Defined lazily so that importing this module does not import torch/TRL (the CLI imports TrainSpec)."""
     import torch
@@ -191,12 +202,7 @@ def train(spec: TrainSpec) -> dict:
     model, tokenizer = load_policy(spec.checkpoint)
     model.train()
     args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
-    prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
-    rows = [t.row() for t in domain.tasks("train", max(prompts_needed, 1000), seed=spec.seed)]
-    for f in load_filters(spec.harness_dir, hspec):
-        rows = f(rows)
-    if not rows:
-        raise ValueError("the harness's filters removed every training prompt")
+    rows = training_rows(spec, args, domain, load_filters(spec.harness_dir, hspec))
 
     evidence = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch)
     trl_dir = Path(args.output_dir)

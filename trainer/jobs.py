@@ -13,6 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from evotrainer.errors import UserError
+from evotrainer.files import atomic_write_text
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy
@@ -30,10 +31,7 @@ class ChildFailed(UserError):
 
 
 def _write_spec(spec, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(spec.model_dump_json(indent=2))
-    os.replace(tmp, path)
+    atomic_write_text(path, spec.model_dump_json(indent=2))
 
 
 def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfig | None = None,
@@ -86,10 +84,7 @@ def evaluate(checkpoint: str | Path, domain: str, split: str, work_dir: Path, *,
         raise ChildFailed(res, log)
     result = EvalResult.model_validate_json(result_path.read_text())
     if (checkpoint / "meta.json").is_file() and os.access(checkpoint, os.W_OK):  # ours, never a user's model
-        cached.parent.mkdir(exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_text(result.model_dump_json())
-        os.replace(tmp, cached)
+        atomic_write_text(cached, result.model_dump_json())
     return result
 
 

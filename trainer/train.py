@@ -15,7 +15,6 @@ Re-running the same command on the same OUT resumes an interrupted run exactly.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from evotrainer.errors import UserError
+from evotrainer.files import atomic_write_text
 from evotrainer.trainer import jobs
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.grpo import TrainSpec, harness_commit
@@ -119,10 +119,6 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
     }
     meta_path = ckpt / "meta.json"
     meta["metrics"].update({"dev_accuracy": after.accuracy, "dev_avg_at_k": after.avg_at_k})
-    tmp = meta_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, meta_path)
-    tmp = done.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, done)
+    atomic_write_text(meta_path, json.dumps(meta, indent=2))
+    atomic_write_text(done, json.dumps(result, indent=2))
     return result

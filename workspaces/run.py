@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.errors import UserError
+from evotrainer.files import atomic_write_text
 from evotrainer.workspaces.repo import HarnessRepo
 
 LAYOUT = ("harness", "worktrees", "checkpoints", "evidence", "reports")
@@ -83,9 +84,8 @@ class RunWorkspace:
         for d in LAYOUT[1:]:
             (path / d).mkdir(exist_ok=True)
         HarnessRepo.init_from_template(path / "harness", domain)
-        tmp = path / "run.yaml.tmp"
-        tmp.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-        os.replace(tmp, path / "run.yaml")  # run.yaml last: its presence means the run is complete
+        # run.yaml last: its presence means the run is complete
+        atomic_write_text(path / "run.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         return cls(path)
 
     @classmethod

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from evotrainer.errors import UserError
+from evotrainer.files import atomic_write_text
 from evotrainer.trainer.diagnostics import Finding, run_all
 from evotrainer.trainer.evidence import branch_dir, read_rollouts, read_steps
 
@@ -80,11 +80,8 @@ def health_report(path: str | Path, generation: int | None = None, branch: str |
 def write_report(report: HealthReport, reports_dir: str | Path) -> Path:
     """Write `health-g<G>-<branch>.json` and `.md` atomically; returns the JSON path."""
     reports_dir = Path(reports_dir)
-    reports_dir.mkdir(parents=True, exist_ok=True)
     stem = f"health-g{report.generation if report.generation is not None else 'all'}-" \
            f"{branch_dir(report.branch) if report.branch else 'all'}"
     for suffix, text in ((".json", report.model_dump_json(indent=2)), (".md", report.markdown())):
-        tmp = reports_dir / f"{stem}{suffix}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, reports_dir / f"{stem}{suffix}")
+        atomic_write_text(reports_dir / f"{stem}{suffix}", text)
     return reports_dir / f"{stem}.json"
