@@ -1,5 +1,7 @@
 """Each built-in analyzer fires on crafted evidence that has its failure, and stays silent on healthy evidence."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,9 +24,11 @@ def healthy(steps: int = 12, groups: int = 8, g: int = 8, seed: int = 0) -> pd.D
                 ok = ok if i > 0 else True  # every group has a success ...
                 ok = ok if i != 1 else False  # ... and a failure: no dead groups
                 n = int(rng.integers(3, 9))
+                completion = str(42 + i) if ok else str(7 * i)
                 rows.append(dict(
                     rollout_id=f"r/{step}:{grp}:{i}", step=step, group_id=f"{step}:{grp}", sample_idx=i,
-                    difficulty=level, prompt="12+30=", completion=str(42 + i) if ok else str(7 * i),
+                    difficulty=level, prompt="12+30=", completion=completion,
+                    completion_ids=[ord(c) for c in completion], task=json.dumps({"answer": "42", "fmt": "bare"}),
                     n_tokens=n, truncated=False, loss_masked=False, correct=ok, formatted=True,
                     reward_correctness=float(ok), reward_answer_format=1.0, mean_logprob=-0.6 - 0.1 * rng.random()))
     df = pd.DataFrame(rows)

@@ -9,7 +9,6 @@ expects). Greedy decoding with fixed batching is deterministic: the same checkpo
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -104,14 +103,12 @@ def evaluate(spec: EvalSpec) -> EvalResult:
 
 def main(argv: list[str]) -> int:
     spec = EvalSpec.model_validate_json(Path(argv[0]).read_text())
-    try:
-        result = evaluate(spec)
-    except UserError as e:  # the parent prints this line as is
-        print(f"UserError: {e}", file=sys.stderr)
-        return 3
+    result = evaluate(spec)
     Path(spec.result_path).write_text(result.model_dump_json())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from evotrainer.trainer.sandbox import child_main
+
+    child_main(main)

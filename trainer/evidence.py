@@ -5,6 +5,9 @@ Layout under an evidence root:
     evidence/g<generation>/<branch>/rollouts-<last step>.parquet   one row per completion
     evidence/g<generation>/<branch>/steps-<last step>.parquet      one row per optimizer step
 
+A writer may carry a tag (a backtest's seed, `s1`): its chunks are named `rollouts-s1-<step>.parquet`, so
+several runs of one branch (seeds of a short-run backtest) keep their own chunks side by side.
+
 Files are written in chunks that end where a training checkpoint is saved, so an interrupted
 run that resumes from checkpoint S drops the chunks after S (`truncate_after`) and rewrites them
 identically. `read_rollouts` / `read_steps` are the one way to read evidence back.
@@ -37,6 +40,8 @@ ROLLOUT_SCHEMA = pa.schema([
     ("difficulty", pa.int16()),
     ("prompt", pa.string()),
     ("completion", pa.string()),
+    ("completion_ids", pa.list_(pa.int32())),  # the generated token ids, for rewards that read them on replay
+    ("task", pa.string()),  # JSON: the dataset columns the reward functions received (answer, fmt, ...)
     ("n_tokens", pa.int32()),
     ("truncated", pa.bool_()),
     ("reward", pa.float32()),
@@ -73,8 +78,9 @@ def branch_dir(branch: str) -> str:
 class EvidenceWriter:
     """Buffers rows of one (generation, branch) and writes them as a chunk on `flush(last_step)`."""
 
-    def __init__(self, root: str | Path, generation: int, branch: str):
+    def __init__(self, root: str | Path, generation: int, branch: str, tag: str = ""):
         self.dir = Path(root) / f"g{generation}" / branch_dir(branch)
+        self.prefix = f"{branch_dir(tag)}-" if tag else ""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rollouts: list[dict] = []
         self.steps: list[dict] = []
@@ -93,7 +99,7 @@ class EvidenceWriter:
             table = pa.Table.from_pylist(rows)
             if name == "rollouts":
                 table = _conform(table)
-            path = self.dir / f"{name}-{last_step:07d}.parquet"
+            path = self.dir / f"{name}-{self.prefix}{last_step:07d}.parquet"
             if path.exists():
                 raise FileExistsError(f"evidence chunk {path} already written: chunks never overwrite each other")
             tmp = path.with_suffix(".tmp")
@@ -102,12 +108,13 @@ class EvidenceWriter:
             rows.clear()
 
     def truncate_after(self, step: int) -> None:
-        """Drop chunks that end after `step` (they are regenerated when a run resumes from `step`)."""
-        for path in self.dir.glob("*.parquet"):
-            if int(path.stem.rsplit("-", 1)[1]) > step:
+        """Drop this writer's chunks that end after `step` (regenerated when a run resumes from `step`)."""
+        for kind in ("rollouts", "steps"):
+            for path in self.dir.glob(f"{kind}-{self.prefix}[0-9]*.parquet"):
+                if int(path.stem.rsplit("-", 1)[1]) > step:
+                    path.unlink()
+            for path in self.dir.glob(f"{kind}-{self.prefix}[0-9]*.tmp"):
                 path.unlink()
-        for path in self.dir.glob("*.tmp"):
-            path.unlink()
 
 
 def _conform(table: pa.Table) -> pa.Table:
@@ -120,13 +127,14 @@ def _conform(table: pa.Table) -> pa.Table:
     return pa.table(fixed + [table.column(n) for n in extra], names=ROLLOUT_SCHEMA.names + extra)
 
 
-def _read(root: str | Path, kind: str, generation: int | None, branch: str | None) -> pa.Table:
+def _read(root: str | Path, kind: str, generation: int | None, branch: str | None, tag: str | None = None
+          ) -> pa.Table:
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"evidence directory {root} does not exist: pass a run's evidence/ folder")
     gen_glob = f"g{generation}" if generation is not None else "g*"
     br_glob = branch_dir(branch) if branch is not None else "*"
-    files = sorted(root.glob(f"{gen_glob}/{br_glob}/{kind}-*.parquet"))
+    files = sorted(root.glob(f"{gen_glob}/{br_glob}/{kind}-{branch_dir(tag) if tag else ''}*.parquet"))
     if not files:
         return pa.table({}) if kind == "steps" else ROLLOUT_SCHEMA.empty_table()
     tables = []
@@ -138,11 +146,14 @@ def _read(root: str | Path, kind: str, generation: int | None, branch: str | Non
     return pa.concat_tables(tables, promote_options="permissive")
 
 
-def read_rollouts(root: str | Path, generation: int | None = None, branch: str | None = None) -> pa.Table:
-    """All rollout rows under an evidence root, optionally of one generation and/or branch."""
-    return _read(root, "rollouts", generation, branch)
+def read_rollouts(root: str | Path, generation: int | None = None, branch: str | None = None,
+                  tag: str | None = None) -> pa.Table:
+    """All rollout rows under an evidence root, optionally of one generation, branch and writer tag (a prefix:
+    `abc123` reads the chunks of every tag that starts with it)."""
+    return _read(root, "rollouts", generation, branch, tag)
 
 
-def read_steps(root: str | Path, generation: int | None = None, branch: str | None = None) -> pa.Table:
+def read_steps(root: str | Path, generation: int | None = None, branch: str | None = None,
+               tag: str | None = None) -> pa.Table:
     """All per-step aggregate rows under an evidence root."""
-    return _read(root, "steps", generation, branch)
+    return _read(root, "steps", generation, branch, tag)

@@ -42,6 +42,7 @@ class TrainSpec(BaseModel):
     generation: int = 0
     branch: str = "main"
     harness_commit: str = ""
+    evidence_tag: str = ""  # set when several runs of one branch share its evidence folder (backtest seeds)
     save_every: int = 25
     result_path: str
 
@@ -92,9 +93,10 @@ def make_trainer_class():
     class EvidenceGRPOTrainer(GRPOTrainer):
         """GRPOTrainer that records every rollout of every training step."""
 
-        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, domain, **kwargs):
+        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, domain, group_filters=(), **kwargs):
             super().__init__(*args, **kwargs)
             self.evidence, self.spec, self.domain = evidence, spec, domain
+            self.group_filters = list(group_filters)
             self._last_rewards = None
             self._awaiting_logps: list[dict] = []  # this generation's rows, until the loss computes their logps
             self._loss_inputs = None
@@ -113,6 +115,8 @@ def make_trainer_class():
             out = super()._generate_and_score_completions(inputs)
             if self.model.training:
                 rows = self._rows(inputs, out)
+                if self.group_filters:
+                    self._apply_group_filters(rows, out)
                 self.evidence.add_rollouts(rows)
                 if out.get("old_per_token_logps") is None:
                     # on-policy: the loss computes exactly these log-probabilities next; take them from there
@@ -121,6 +125,24 @@ def make_trainer_class():
                     self._awaiting_logps = rows
                     out["evidence_index"] = torch.arange(len(rows), device=out["completion_ids"].device)
             return out
+
+        def _apply_group_filters(self, rows: list[dict], out: dict) -> None:
+            """Dynamic sampling without refill: groups a filter drops leave the loss (mask zeroed), and the
+            token count that normalises dapo/bnpo-style losses is recounted, so kept groups carry the step."""
+            from evotrainer.trainer.harness import keep_groups
+
+            g = self.num_generations
+            groups = [rows[i:i + g] for i in range(0, len(rows), g)]
+            keep = keep_groups(self.group_filters, groups)
+            drop = torch.tensor([k for k in keep for _ in range(g)], device=out["completion_mask"].device) == 0
+            if not drop.any():
+                return
+            out["completion_mask"] = out["completion_mask"] * (~drop).unsqueeze(1).int()
+            loss_mask = out["completion_mask"] * out["tool_mask"] if out.get("tool_mask") is not None \
+                else out["completion_mask"]
+            out["num_items_in_batch"] = loss_mask.sum().to(out["num_items_in_batch"].dtype)
+            for row, dropped in zip(rows, drop.tolist()):
+                row["loss_masked"] = row["loss_masked"] or dropped
 
         def _compute_loss(self, model, inputs):
             self._loss_inputs = inputs if "evidence_index" in inputs else None
@@ -164,12 +186,15 @@ def make_trainer_class():
             rows = []
             for i, x in enumerate(inputs):
                 group = f"{step}:{i // g}"
+                tag = f"{s.evidence_tag}/" if s.evidence_tag else ""
                 row = {
-                    "rollout_id": f"{s.run}/g{s.generation}/{s.branch}/{group}:{i % g}",
+                    "rollout_id": f"{s.run}/g{s.generation}/{s.branch}/{tag}{group}:{i % g}",
                     "run": s.run, "generation": s.generation, "branch": s.branch,
                     "harness_commit": s.harness_commit, "checkpoint": s.checkpoint_id, "step": step,
                     "prompt_id": x["prompt_id"], "group_id": group, "sample_idx": i % g,
                     "difficulty": x.get("difficulty", 0), "prompt": x["prompt"], "completion": texts[i],
+                    "completion_ids": self._last_ids[i],
+                    "task": json.dumps({k: v for k, v in x.items() if k not in ("prompt", "prompt_id")}),
                     "n_tokens": lengths[i], "truncated": truncated[i],
                     "reward": total_l[i], "advantage": adv_l[i], "loss_masked": masked[i],
                     "correct": bool(self.domain.score(texts[i], x["answer"], x["fmt"])),
@@ -191,7 +216,7 @@ def train(spec: TrainSpec) -> dict:
     from transformers import TrainerCallback
 
     from evotrainer.trainer.domains import get_domain
-    from evotrainer.trainer.harness import load_filters, load_reward_functions, load_spec
+    from evotrainer.trainer.harness import load_filters, load_group_filters, load_reward_functions, load_spec
     from evotrainer.trainer.policy import load_policy
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
@@ -204,7 +229,7 @@ def train(spec: TrainSpec) -> dict:
     args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
     rows = training_rows(spec, args, domain, load_filters(spec.harness_dir, hspec))
 
-    evidence = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch)
+    evidence = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch, spec.evidence_tag)
     trl_dir = Path(args.output_dir)
     done = sorted(trl_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     resume = str(done[-1]) if done else None
@@ -223,7 +248,7 @@ def train(spec: TrainSpec) -> dict:
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
-                          domain=domain)
+                          domain=domain, group_filters=load_group_filters(spec.harness_dir, hspec))
     trainer.train(resume_from_checkpoint=resume)
     evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
 

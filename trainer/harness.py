@@ -43,6 +43,8 @@ class HarnessSpec(BaseModel):
     trainer: dict[str, Any] = Field(default_factory=dict, description="GRPOConfig knobs (TRAINER_KEYS)")
     rewards: list[RewardSpec] = Field(min_length=1)
     filters: list[str] = Field(default_factory=list, description="functions of filters.py applied to train rows")
+    group_filters: list[str] = Field(default_factory=list, description="functions of filters.py that decide, per "
+                                     "group of scored rollouts, whether it stays in the loss (dynamic sampling)")
     analyzers: dict[str, dict[str, float]] = Field(default_factory=dict, description="thresholds per analyzer id")
     notes: str = ""
 
@@ -77,7 +79,7 @@ def load_spec(harness_dir: str | Path) -> HarnessSpec:
     return spec
 
 
-def _import_file(path: Path, name: str) -> ModuleType:
+def import_file(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -87,7 +89,7 @@ def _import_file(path: Path, name: str) -> ModuleType:
 
 def load_reward_functions(harness_dir: str | Path, spec: HarnessSpec) -> list:
     """Import rewards.py and return its functions in the order of `spec.rewards`. Child processes only."""
-    module = _import_file(Path(harness_dir) / "rewards.py", "harness_rewards")
+    module = import_file(Path(harness_dir) / "rewards.py", "harness_rewards")
     funcs = []
     for r in spec.rewards:
         fn = getattr(module, r.name, None)
@@ -102,7 +104,7 @@ def load_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
     """Import filters.py and return the named row filters (rows -> rows). Child processes only."""
     if not spec.filters:
         return []
-    module = _import_file(Path(harness_dir) / "filters.py", "harness_filters")
+    module = import_file(Path(harness_dir) / "filters.py", "harness_filters")
     out = []
     for name in spec.filters:
         fn = getattr(module, name, None)
@@ -110,6 +112,41 @@ def load_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
             raise UserError(f"filters.py has no function {name!r} named in harness.yaml")
         out.append(fn)
     return out
+
+
+def load_group_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
+    """Import filters.py and return the named group filters (group -> keep?). Child processes only."""
+    if not spec.group_filters:
+        return []
+    module = import_file(Path(harness_dir) / "filters.py", "harness_filters")
+    out = []
+    for name in spec.group_filters:
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise UserError(f"filters.py has no function {name!r} named in harness.yaml's group_filters")
+        out.append(fn)
+    return out
+
+
+# What a group filter never sees: the sealed grades. A filter decides from what the harness itself computed.
+SEALED_COLUMNS = frozenset({"correct", "formatted"})
+
+
+def keep_groups(group_filters: list, groups: list[list[dict]]) -> list[bool]:
+    """Whether each group of scored rollouts stays in the loss: every group filter must keep it.
+
+    A group is a list of rollout dicts (prompt, completion, reward, reward_<name>, n_tokens, truncated,
+    difficulty and the task's columns); a filter returns True to keep it. Training and replay both call this.
+    """
+    keep = [True] * len(groups)
+    for fn in group_filters:
+        for i, group in enumerate(groups):
+            if keep[i]:
+                verdict = fn([{k: v for k, v in row.items() if k not in SEALED_COLUMNS} for row in group])
+                if not isinstance(verdict, bool):
+                    raise TypeError(f"group filter {fn.__name__!r} returned {type(verdict).__name__}, not bool")
+                keep[i] = verdict
+    return keep
 
 
 def sample_batch(domain_name: str, n: int = 12) -> dict:
@@ -143,8 +180,10 @@ def check_harness(harness_dir: str | Path) -> list[str]:
         check_sealed(get_domain(spec.domain))  # the sealed side must be intact before anything is judged
         funcs = load_reward_functions(harness_dir, spec)
         load_filters(harness_dir, spec)
-        for path in sorted((Path(harness_dir) / "diagnostics").glob("*.py")):
-            _import_file(path, f"harness_diagnostics_{path.stem}")
+        group_filters = load_group_filters(harness_dir, spec)
+        from evotrainer.trainer.diagnostics import load_harness_analyzers
+
+        load_harness_analyzers(harness_dir)
     except UserError as e:
         return [str(e)]
     except Exception as e:  # an import that fails is the harness's problem, reported in one line
@@ -169,6 +208,14 @@ def check_harness(harness_dir: str | Path) -> list[str]:
         elif not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in out):
             bad = next(x for x in out if not (isinstance(x, int | float) and math.isfinite(x)))
             problems.append(f"reward {fn.__name__!r} returned a non-finite or non-number value: {bad!r}")
+    if group_filters:
+        group = [{"prompt": p, "completion": c, "reward": float(i % 2), "n_tokens": len(c), "truncated": False,
+                  **{k: v[i] for k, v in columns.items()}}
+                 for i, (p, c) in enumerate(zip(batch["prompt"][:4], batch["completions"][:4]))]
+        try:
+            keep_groups(group_filters, [group, [dict(r, reward=0.0) for r in group]])
+        except Exception as e:
+            problems.append(f"group filter failed on a sample group: {type(e).__name__}: {e}")
     return problems
 
 

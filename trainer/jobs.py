@@ -34,6 +34,18 @@ def _write_spec(spec, path: Path) -> None:
     atomic_write_text(path, spec.model_dump_json(indent=2))
 
 
+def run_child(module: str, args: list[str], *, cwd: Path, log: Path, limits: Limits, label: str,
+              on_progress: Progress = None) -> ChildResult:
+    """A child that reports bad input as a `UserError: <sentence>` line (exit 3): that sentence becomes this
+    process's UserError; any other failure is a ChildFailed naming the job, the reason and the log."""
+    res = run_module(module, args, cwd=cwd, log_path=log, limits=limits, on_progress=on_progress, label=label)
+    if not res.ok:
+        if res.returncode == 3 and "UserError: " in res.log_tail:
+            raise UserError(res.log_tail.rsplit("UserError: ", 1)[1].strip())
+        raise ChildFailed(res, log)
+    return res
+
+
 def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfig | None = None,
                 warm_cfg: WarmupConfig | None = None, on_progress: Progress = None) -> Path:
     """The cached warm policy for (domain, seed, configs), built in a child process on a cache miss."""
@@ -76,12 +88,9 @@ def evaluate(checkpoint: str | Path, domain: str, split: str, work_dir: Path, *,
     spec_path = result_path.with_name(result_path.name.replace(".result", ".spec"))
     _write_spec(spec, spec_path)
     log = work_dir / "logs" / f"eval-{checkpoint.name}-{split}.log"
-    res = run_module("evotrainer.trainer.evaluate", [str(spec_path)], cwd=work_dir, log_path=log,
-                     limits=Limits(timeout_s=3600), on_progress=on_progress, label=f"evaluation of {checkpoint.name}")
-    if not res.ok:
-        if "UserError: " in res.log_tail:  # e.g. the sealed scorer changed: show the child's own sentence
-            raise UserError(res.log_tail.rsplit("UserError: ", 1)[1].strip())
-        raise ChildFailed(res, log)
+    # a changed sealed scorer comes back as the child's own sentence
+    run_child("evotrainer.trainer.evaluate", [str(spec_path)], cwd=work_dir, log=log, limits=Limits(timeout_s=3600),
+              on_progress=on_progress, label=f"evaluation of {checkpoint.name}")
     result = EvalResult.model_validate_json(result_path.read_text())
     if (checkpoint / "meta.json").is_file() and os.access(checkpoint, os.W_OK):  # ours, never a user's model
         atomic_write_text(cached, result.model_dump_json())

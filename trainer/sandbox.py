@@ -76,6 +76,19 @@ def progress(**fields) -> None:
     print(PROGRESS_PREFIX + json.dumps(fields), flush=True)
 
 
+def child_main(entry: Callable[[list[str]], int]) -> None:
+    """Run a child's entry point: bad input (a UserError) becomes one `UserError: <sentence>` line on stderr and
+    exit code 3, which the parent (`jobs.run_child`) turns back into the same error."""
+    from evotrainer.errors import UserError
+
+    try:
+        code = entry(sys.argv[1:])
+    except UserError as e:
+        print(f"UserError: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+        code = 3
+    sys.exit(code)
+
+
 def child_env() -> dict[str, str]:
     """The parent's environment without secrets, plus the offline switches (DESIGN §10)."""
     env = {k: v for k, v in os.environ.items() if not SECRET_ENV.search(k)}

@@ -16,9 +16,13 @@ commit candidates concurrently.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
+import os
 import re
 import shutil
+import subprocess
+import tarfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,6 +105,27 @@ class HarnessRepo:
 
     def head(self, ref: str = "main") -> str:
         return self._git("rev-parse", ref)
+
+    def export(self, ref: str, dest: str | Path) -> Path:
+        """The files of `ref` as a plain directory (a snapshot, no git metadata); reused when already there.
+
+        Backtests train and replay from snapshots keyed by commit, so a branch's worktree may be edited or
+        removed meanwhile without changing what was measured.
+        """
+        dest = Path(dest)
+        if (dest / "harness.yaml").is_file():
+            return dest
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        data = subprocess.run(["git", "-C", str(self.path), "archive", "--format=tar", ref], capture_output=True,
+                              check=False)
+        if data.returncode:
+            raise UserError(f"cannot export {ref!r} from {self.path}: {data.stderr.decode().strip()}")
+        with tarfile.open(fileobj=io.BytesIO(data.stdout)) as tar:
+            tar.extractall(tmp, filter="data")
+        os.replace(tmp, dest)
+        return dest
 
     # -- candidates ----------------------------------------------------------------------------
     def create_candidate(self, generation: int, name: str, worktrees_dir: str | Path) -> tuple[str, Path]:

@@ -17,6 +17,7 @@ A run is driven by one process at a time: `RunWorkspace.lock()` holds an exclusi
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,6 +109,28 @@ class RunWorkspace:
         except (yaml.YAMLError, ValidationError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise UserError(f"{self.config_path} is not a valid run configuration: {first}") from e
+
+    # -- the champion policy --------------------------------------------------------------------
+    @property
+    def _champion_file(self) -> Path:
+        return self.path / "checkpoints" / "champion.json"
+
+    def champion_checkpoint(self) -> Path | None:
+        """The policy the champion line has reached (None: the domain's warm policy, not yet trained here)."""
+        if not self._champion_file.is_file():
+            return None
+        path = Path(json.loads(self._champion_file.read_text())["checkpoint"])
+        if not (path / "config.json").is_file():
+            raise UserError(f"the champion checkpoint {path} named in {self._champion_file} is missing: restore it "
+                            "or remove that file to start from the warm policy")
+        return path
+
+    def set_champion(self, checkpoint: str | Path, generation: int) -> None:
+        """Record the champion policy (atomically: a crash leaves the previous champion)."""
+        checkpoint = Path(checkpoint).resolve()
+        if not (checkpoint / "config.json").is_file():
+            raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
+        atomic_write_text(self._champion_file, json.dumps({"checkpoint": str(checkpoint), "generation": generation}))
 
     @contextmanager
     def lock(self) -> Iterator[None]:

@@ -5,12 +5,17 @@ tables (pandas DataFrames with the columns of `trainer/evidence.py`), registered
 under a stable id, a one-paragraph doc (its docstring) and default thresholds. A harness overrides
 thresholds in `harness.yaml` under `analyzers: {<id>: {<name>: value}}`. Analyzers are vectorised:
 they read whole columns, never loop over rows in Python.
+
+A harness may carry its own analyzers in `diagnostics/*.py`, written the same way (import `analyzer`
+and `Finding` from this module). They are harness code: `load_harness_analyzers` imports them only in
+child processes (a health report or a replay run in the sandbox), never in the orchestrator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pandas as pd
@@ -51,9 +56,22 @@ REGISTRY: dict[str, Analyzer] = {}
 def analyzer(id: str, **defaults: float):
     """Register a built-in analyzer under `id` with its default thresholds."""
     def wrap(fn):
+        old = REGISTRY.get(id)
+        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"analyzer id {id!r} is already registered by {old.fn.__module__}; choose another id")
         REGISTRY[id] = Analyzer(id, fn, defaults)
         return fn
     return wrap
+
+
+def load_harness_analyzers(harness_dir: str | Path) -> list[str]:
+    """Import a harness's `diagnostics/*.py` and return the analyzer ids they registered. Child processes only."""
+    from evotrainer.trainer.harness import import_file
+
+    before = set(REGISTRY)
+    for path in sorted((Path(harness_dir) / "diagnostics").glob("*.py")):
+        import_file(path, f"harness_diagnostics_{path.stem}")
+    return sorted(set(REGISTRY) - before)
 
 
 def run_all(rollouts: pd.DataFrame, steps: pd.DataFrame, thresholds: dict[str, dict[str, float]] | None = None,

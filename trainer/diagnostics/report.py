@@ -1,8 +1,14 @@
-"""Health reports: every analyzer over the evidence of one generation and branch, as JSON and Markdown."""
+"""Health reports: every analyzer over the evidence of one generation and branch, as JSON and Markdown.
+
+Built-in analyzers are package code and run in the calling process. When the harness carries its own
+analyzers (`diagnostics/*.py`), the whole report is computed in a sandboxed child whose working
+directory is the harness (`python -m evotrainer.trainer.diagnostics.report SPEC.json`).
+"""
 
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -62,19 +68,74 @@ def summarize(r: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def health_report(path: str | Path, generation: int | None = None, branch: str | None = None,
-                  thresholds: dict[str, dict[str, float]] | None = None) -> HealthReport:
+class AnalyzeSpec(BaseModel):
+    """What the report child needs; written to JSON by the parent."""
+
+    evidence_root: str
+    generation: int | None = None
+    branch: str | None = None
+    tag: str | None = None  # only the chunks of writers whose tag starts with this (a backtest's commit)
+    harness_dir: str | None = None  # its diagnostics/*.py are imported (child only)
+    thresholds: dict[str, dict[str, float]] = {}
+    result_path: str
+
+
+def analyze(spec: AnalyzeSpec) -> HealthReport:
+    """Every registered analyzer (and the harness's own) over one evidence slice, in this process."""
+    from evotrainer.trainer.diagnostics import load_harness_analyzers
+
     started = time.time()
-    root = evidence_root(path)
-    rollouts = read_rollouts(root, generation, branch).to_pandas()
+    if spec.harness_dir:
+        try:
+            load_harness_analyzers(spec.harness_dir)
+        except Exception as e:
+            raise UserError(f"the harness's own analyzers failed to load: {type(e).__name__}: {e}") from e
+    rollouts = read_rollouts(spec.evidence_root, spec.generation, spec.branch, spec.tag).to_pandas()
     if rollouts.empty:
-        raise UserError(f"no rollouts for generation {generation} branch {branch} under {root}")
-    steps = read_steps(root, generation, branch).to_pandas()
-    findings = run_all(rollouts, steps, thresholds)
-    return HealthReport(generation=generation, branch=branch, n_rollouts=len(rollouts),
+        raise UserError(f"no rollouts for generation {spec.generation} branch {spec.branch} under "
+                        f"{spec.evidence_root}")
+    steps = read_steps(spec.evidence_root, spec.generation, spec.branch, spec.tag).to_pandas()
+    findings = run_all(rollouts, steps, spec.thresholds)
+    return HealthReport(generation=spec.generation, branch=spec.branch, n_rollouts=len(rollouts),
                         n_steps=int(rollouts["step"].nunique()), summary=summarize(rollouts), findings=findings,
                         failed_gates=sorted({f.analyzer for f in findings if f.gate}),
                         seconds=round(time.time() - started, 3))
+
+
+def has_own_analyzers(harness_dir: str | Path | None) -> bool:
+    return bool(harness_dir) and any((Path(harness_dir) / "diagnostics").glob("*.py"))
+
+
+def health_report(path: str | Path, generation: int | None = None, branch: str | None = None,
+                  harness_dir: str | Path | None = None, work_dir: str | Path | None = None, *,
+                  tag: str | None = None, thresholds: dict[str, dict[str, float]] | None = None) -> HealthReport:
+    """The health report of an evidence slice, with the own analyzers of `harness_dir` and its thresholds
+    (or `thresholds`, e.g. the champion's when a candidate is judged)."""
+    from evotrainer.trainer.harness import load_spec
+
+    root = evidence_root(path)
+    if thresholds is None:
+        thresholds = load_spec(harness_dir).analyzers if harness_dir else {}
+    spec = AnalyzeSpec(evidence_root=str(root), generation=generation, branch=branch, tag=tag,
+                       harness_dir=str(Path(harness_dir).resolve()) if harness_dir else None,
+                       thresholds=thresholds, result_path="")
+    if not has_own_analyzers(harness_dir):
+        return analyze(spec)  # package code only: no need for a child
+    from evotrainer.trainer import jobs
+    from evotrainer.trainer.sandbox import Limits
+
+    work = Path(work_dir or root.parent)
+    stem = f"report-g{generation if generation is not None else 'all'}-{branch_dir(branch) if branch else 'all'}" \
+           f"-{uuid.uuid4().hex[:8]}"  # unique: reports of several candidates may run at once
+    spec.result_path = str(work / "specs" / f"{stem}.result.json")
+    spec_path = work / "specs" / f"{stem}.spec.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(spec_path, spec.model_dump_json())
+    Path(spec.result_path).unlink(missing_ok=True)
+    jobs.run_child("evotrainer.trainer.diagnostics.report", [str(spec_path)], cwd=Path(spec.harness_dir),
+                   log=work / "logs" / f"{stem}.log", limits=Limits(timeout_s=300, memory_mb=8000),
+                   label="health report with the harness's own analyzers")
+    return HealthReport.model_validate_json(Path(spec.result_path).read_text())
 
 
 def write_report(report: HealthReport, reports_dir: str | Path) -> Path:
@@ -85,3 +146,16 @@ def write_report(report: HealthReport, reports_dir: str | Path) -> Path:
     for suffix, text in ((".json", report.model_dump_json(indent=2)), (".md", report.markdown())):
         atomic_write_text(reports_dir / f"{stem}{suffix}", text)
     return reports_dir / f"{stem}.json"
+
+
+def main(argv: list[str]) -> int:
+    """Child entry point: `python -m evotrainer.trainer.diagnostics.report SPEC.json`."""
+    spec = AnalyzeSpec.model_validate_json(Path(argv[0]).read_text())
+    Path(spec.result_path).write_text(analyze(spec).model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    from evotrainer.trainer.sandbox import child_main
+
+    child_main(main)
