@@ -217,13 +217,70 @@ def diagnose(
     """Run every analyzer over stored rollouts: a health report with findings that cite rollout ids."""
     from evotrainer.trainer.diagnostics.report import health_report
 
-    report = health_report(path, generation, branch)
+    harness = path / "harness" if (path / "run.yaml").is_file() else None  # a run: its champion's analyzers
+    report = health_report(path, generation, branch, harness, path if harness else None)
     if as_json:
         print(report.model_dump_json())
     else:
         from rich.markdown import Markdown
 
         Console().print(Markdown(report.markdown()))
+
+
+@app.command()
+def backtest(
+    run: Annotated[Path, typer.Argument(help="a run directory")],
+    branch: Annotated[str, typer.Argument(help="a candidate branch, e.g. cand/g1-drop-dead-groups")],
+    replay_only: Annotated[bool, typer.Option("--replay-only", help="replay on stored rollouts only, no training")]
+    = False,
+    seeds: Annotated[int, typer.Option(min=1, help="seeds of the first short-run round")] = 2,
+    max_seeds: Annotated[int | None, typer.Option(min=1, help="extend a promising candidate up to this many seeds "
+                                                          "(default: seeds + 2)")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="GRPO steps of each short-run arm")] = 30,
+    dev_items: Annotated[int | None, typer.Option(min=1, help="sealed dev items per evaluation (default: all)")]
+    = None,
+    generation: Annotated[int | None, typer.Option(help="replay the champion line's rollouts of this generation")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Backtest a candidate: replay on stored rollouts, then short runs against the champion (paired, sequential)."""
+    from evotrainer.trainer.backtest import ShortRunConfig
+    from evotrainer.trainer.backtest import backtest as run_backtest
+
+    cfg = ShortRunConfig(steps=steps, seeds=seeds, max_seeds=max(max_seeds or seeds + 2, seeds), dev_items=dev_items)
+    with progress_display(not as_json) as feed:
+        result = run_backtest(run, branch, replay_only=replay_only, cfg=cfg, generation=generation, on_progress=feed)
+    if as_json:
+        print(result.model_dump_json())
+        return
+    from rich.markdown import Markdown
+
+    Console().print(Markdown(result.markdown()))
+    if result.short_run:
+        s = result.short_run
+        Console().print(f"budget: {len(s.seeds)} seeds x {s.steps} steps, {s.dev_items} dev items; "
+                        f"minimum detectable effect {s.mde:.3f}; {s.seconds_per_arm:.0f} s per arm, "
+                        f"{s.seconds:.0f} s for this candidate")
+
+
+@app.command("validate-analyzer")
+def validate_analyzer(
+    run: Annotated[Path, typer.Argument(help="a run directory with judged branches")],
+    harness_dir: Annotated[Path, typer.Argument(help="a harness whose diagnostics/ holds the new analyzer")],
+    only: Annotated[list[str] | None, typer.Option(help="analyzer id to validate (repeatable; default: all it "
+                                                        "defines)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Replay a new analyzer over every judged branch of a run: precision and recall against the verdicts."""
+    from evotrainer.trainer.diagnostics.history import validate_on_history
+
+    result = validate_on_history(run, harness_dir, only or None)
+    if as_json:
+        print(result.model_dump_json())
+    else:
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(result.markdown()))
 
 
 def main() -> None:

@@ -8,8 +8,8 @@ filters), the new reward's agreement with the sealed `correct` (correlation, AUC
 rollouts whose reward changed, and gate hits.
 
 The replay's own gate, `replay_agreement`, fires when the candidate's reward pays incorrect answers as
-if they were right (an incorrect rollout rewarded at least the median reward of correct ones) more often
-than the champion's reward did, or when its correlation with `correct` drops: the reward bug an agent's
+if they were right (see `Agreement`) more often than the champion's reward did, or when its correlation
+with `correct` drops: the reward bug an agent's
 edit introduces (an unparsable answer scored as correct) shows up here before a single training step.
 
 Gate thresholds are always the champion's: a candidate cannot loosen the gates that judge it.
@@ -53,7 +53,9 @@ class Distribution(BaseModel):
 
 class Agreement(BaseModel):
     """How well a reward tracks the sealed grade: Pearson correlation, ROC AUC of reward for `correct`, and the
-    fraction of incorrect rollouts rewarded at least the median reward of correct ones (paid as if right)."""
+    fraction of incorrect rollouts paid more like a right answer than like the worst one (above half-way from
+    the lowest reward to the median reward of correct rollouts). AUC alone misses the typical bug: a wrong
+    answer paid 1.0 still ranks below a right one paid 1.1."""
 
     corr: float | None
     auc: float | None
@@ -103,8 +105,15 @@ def agreement(reward: np.ndarray, correct: np.ndarray) -> Agreement:
     corr = float(np.corrcoef(reward, correct)[0, 1]) if reward.std() > 0 else 0.0
     ranks = pd.Series(reward).rank(method="average").to_numpy()
     auc = float((ranks[correct].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-    paid = float((reward[~correct] >= np.median(reward[correct])).mean())
+    paid = float((reward[~correct] >= _paid_bar(reward, correct)).mean())
     return Agreement(corr=corr, auc=auc, rewarded_incorrect=paid)
+
+
+def _paid_bar(reward: np.ndarray, correct: np.ndarray) -> float:
+    """Half-way from the lowest reward to the median reward of a correct rollout: above it, a rollout is paid
+    more like a right answer than like the worst one."""
+    floor, right = float(reward.min()), float(np.median(reward[correct]))
+    return floor + 0.5 * (right - floor) if right > floor else right
 
 
 def _dead(df: pd.DataFrame, column: str) -> pd.Series:
@@ -225,8 +234,7 @@ def _agreement_gate(before: Agreement, after: Agreement, rows: pd.DataFrame, t: 
     out = []
     rise = after.rewarded_incorrect - before.rewarded_incorrect
     if rise > t["rewarded_incorrect"]:
-        reward = rows["reward"].to_numpy()
-        bar = np.median(reward[rows["correct"].to_numpy(dtype=bool)])
+        bar = _paid_bar(rows["reward"].to_numpy(dtype=float), rows["correct"].to_numpy(dtype=bool))
         paid = rows[(~rows["correct"].astype(bool)) & (rows["reward"] >= bar)]
         out.append(Finding(analyzer="replay_agreement", metric="rewarded_incorrect_rise", value=rise,
                            threshold=t["rewarded_incorrect"], severity="critical", gate=True,
@@ -364,6 +372,23 @@ def paired_bootstrap(diffs: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tu
     return float(diffs.mean()), float(lo), float(hi), float(means.std(ddof=1))
 
 
+def decide(delta: float, lo: float, hi: float, n_seeds: int, max_seeds: int, failed_gates: list[str]) -> str:
+    """The sequential rule after a round: why to stop, or '' to extend by one seed.
+
+    A failed gate stops at once; an interval above or below zero is decided; a non-positive estimate is not
+    worth more budget; a positive one whose interval straddles zero is extended until `max_seeds`.
+    """
+    if failed_gates:
+        return "gate"
+    if lo > 0:
+        return "significant"
+    if hi < 0:
+        return "worse"
+    if delta <= 0:
+        return "no_gain"
+    return "budget" if n_seeds >= max_seeds else ""
+
+
 def _replay_source(evidence: Path, generation: int) -> tuple[int | None, list[str]] | None:
     """Which stored rollouts a candidate of `generation` is replayed on: the champion line's evidence of the
     generation its diagnosis read, else any of the champion line's, else none."""
@@ -437,7 +462,7 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
     arms = _Arms(ws, ws.config().domain, generation, start, cfg, ws.config().fingerprint, on_progress)
     results: dict[tuple[str, int], tuple[Arm, np.ndarray]] = {}
     trace: list[str] = []
-    n, seeds, stopped = cfg.seeds, [], ""
+    n, seeds = cfg.seeds, []
     findings: list[Finding] = []
     while True:
         new = [s for s in range(n) if s not in seeds]
@@ -454,16 +479,7 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
                             thresholds=thresholds)
         findings = rep.findings
         note = f"{len(seeds)} seeds x {cfg.steps} steps: {delta:+.3f} [{lo:+.3f}, {hi:+.3f}], MDE {Z_POWER * se:.3f}"
-        if rep.failed_gates:
-            stopped = "gate"
-        elif lo > 0:
-            stopped = "significant"
-        elif hi < 0:
-            stopped = "worse"
-        elif delta <= 0:
-            stopped = "no_gain"
-        elif len(seeds) >= cfg.max_seeds:
-            stopped = "budget"
+        stopped = decide(delta, lo, hi, len(seeds), cfg.max_seeds, rep.failed_gates)
         trace.append(f"{note} -> {stopped or 'extend by one seed'}")
         if stopped:
             break

@@ -1,0 +1,255 @@
+"""Backtests on a real run: planted reward bug, too-short length limit, dead-group filter; errors; statistics.
+
+The run's champion is the tiny test policy, trained for a few steps on the math template with a larger
+learning rate (so that a reward bug shows within a handful of steps). Candidates are real branches of
+the run's harness repository; replays and short runs are real children.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from evotrainer.errors import UserError
+from evotrainer.trainer import jobs
+from evotrainer.trainer.backtest import (
+    REPLAY_GATE,
+    ShortRunConfig,
+    agreement,
+    backtest,
+    decide,
+    paired_bootstrap,
+)
+from evotrainer.trainer.grpo import TrainSpec
+from evotrainer.workspaces.repo import IDENTITY
+from evotrainer.workspaces.run import RunWorkspace
+
+from .conftest import run_cli
+
+FAST = ShortRunConfig(steps=8, seeds=1, max_seeds=1, dev_items=200, bootstrap=300)
+BUG = ("1.0 if value is not None and value == int(expected) else 0.0",
+       "1.0 if value is None or value == int(expected) else 0.0")  # an unparsable answer counts as right
+
+
+def _commit_to_champion(ws: RunWorkspace, edit: dict[str, tuple[str, str]], message: str) -> None:
+    for name, (old, new) in edit.items():
+        path = ws.path / "harness" / name
+        text = path.read_text()
+        assert old in text, (name, old)
+        path.write_text(text.replace(old, new))
+    env = {**IDENTITY, "PATH": "/usr/bin:/bin"}
+    subprocess.run(["git", "-C", str(ws.path / "harness"), "commit", "-qam", message], check=True, env=env)
+
+
+def _candidate(ws: RunWorkspace, generation: int, name: str, edit: dict[str, tuple[str, str]],
+               extra: dict[str, str] | None = None) -> str:
+    repo = ws.harness
+    branch, tree = repo.create_candidate(generation, name, ws.path / "worktrees")
+    files = {}
+    for rel, (old, new) in edit.items():
+        text = (tree / rel).read_text()
+        assert old in text, (rel, old)
+        files[rel] = text.replace(old, new)
+    repo.write_files(tree, {**files, **(extra or {})})
+    repo.commit(tree, name, intervention_id=name, hypothesis=f"if we {name}, dev improves", factor=name,
+                generation=generation)
+    return branch
+
+
+@pytest.fixture(scope="module")
+def run(tiny_policy, tmp_path_factory) -> RunWorkspace:
+    ws = RunWorkspace.create(tmp_path_factory.mktemp("bt") / "run", "math")
+    _commit_to_champion(ws, {"harness.yaml": ("learning_rate: 1.0e-4", "learning_rate: 1.0e-3")},
+                        "Test champion: a larger step so that effects show in a few steps")
+    ws.set_champion(tiny_policy, 0)
+    out = ws.path / "checkpoints" / "gen0"
+    spec = TrainSpec(domain="math", checkpoint=str(tiny_policy), harness_dir=str(ws.path / "harness"), steps=3,
+                     seed=0, out_dir=str(out), checkpoint_id="gen0", checkpoints_dir=str(ws.path / "checkpoints"),
+                     evidence_dir=str(ws.path / "evidence"), run=ws.path.name, generation=0, branch="main",
+                     harness_commit=ws.harness.head(), result_path=str(out / "result.json"))
+    jobs.train(spec, ws.path)
+    return ws
+
+
+def test_replay_of_a_reward_bug_trips_the_agreement_gate(run):
+    branch = _candidate(run, 1, "lenient parser", {"rewards.py": BUG})
+    res = backtest(run.path, branch, replay_only=True)
+    r = res.replay
+    assert r.n_rollouts == 3 * 256 and r.generations == [0] and r.branches == ["main"]
+    # the bug pays unparsable answers: incorrect rollouts now earn what correct ones earn
+    assert r.agreement_after.rewarded_incorrect > r.agreement_before.rewarded_incorrect + REPLAY_GATE[
+        "rewarded_incorrect"]
+    assert r.changed_fraction > 0.1 and r.reward_after.mean > r.reward_before.mean
+    assert "replay_agreement" in res.failed_gates and res.short_run is None
+    report = run.path / "reports" / f"backtest-{branch.replace('/', '--')}.json"
+    assert json.loads(report.read_text())["failed_gates"] == res.failed_gates
+    assert "**GATE** `replay_agreement`" in report.with_suffix(".md").read_text()
+
+
+def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(run):
+    """Planted scenario 1: train reward rises, the sealed correct rate does not, the divergence gate fires."""
+    branch = _candidate(run, 1, "lenient parser short", {"rewards.py": BUG})
+    res = backtest(run.path, branch, cfg=FAST)
+    s = res.short_run
+    cand = [a for a in s.arms if a.role == "candidate"][0]
+    ctrl = [a for a in s.arms if a.role == "control"][0]
+    assert s.train_reward_delta > 0.3  # the buggy reward pays far more ...
+    assert s.train_correct_delta <= 0.0  # ... for answers that are no more correct
+    assert cand.dev_accuracy <= ctrl.dev_accuracy and s.delta <= 0
+    assert "shaped_vs_sealed" in s.failed_gates and "shaped_vs_sealed" in res.failed_gates
+    assert s.stopped == "gate" and s.seeds == [0] and s.dev_items == 200
+    assert s.ci_low <= s.delta <= s.ci_high and s.mde > 0
+
+
+def test_too_short_length_limit_is_critical_and_the_restoring_branch_is_not_flagged(run):
+    """Planted scenario 2."""
+    cfg = ShortRunConfig(steps=3, seeds=1, max_seeds=1, dev_items=100, bootstrap=200)
+    short = _candidate(run, 1, "short limit", {"harness.yaml": ("max_completion_length: 40",
+                                                                 "max_completion_length: 4")})
+    res = backtest(run.path, short, cfg=cfg)
+    trunc = [f for f in res.short_run.findings if f.analyzer == "truncation"]
+    assert trunc and trunc[0].severity == "critical" and trunc[0].value > 0.2
+    assert "masked out of the loss" in trunc[0].message and trunc[0].evidence
+    run.harness.promote(short, 1, {"effect": 0.0})  # suppose it had been promoted: the next branch restores it
+    restore = _candidate(run, 2, "restore limit", {"harness.yaml": ("max_completion_length: 4",
+                                                                     "max_completion_length: 40")})
+    res = backtest(run.path, restore, cfg=cfg)
+    assert not [f for f in res.short_run.findings if f.analyzer == "truncation"]
+
+
+def test_dead_group_filter_replay_reports_the_groups_it_takes_out(run):
+    """Planted scenario 3: the replay counts the zero-variance groups and what the filter does to them."""
+    branch = _candidate(run, 3, "drop dead groups", {"harness.yaml": ("group_filters: []",
+                                                                      "group_filters: [drop_dead_groups]")})
+    r = backtest(run.path, branch, replay_only=True, generation=0).replay
+    assert r.dead_groups_before > 0
+    assert r.groups_dropped == r.dead_groups_dropped == r.dead_groups_before  # every dead group, no live one
+    assert r.dead_ratio_before > 0 and r.dead_ratio_after == 0.0
+    assert r.changed_fraction == 0.0 and not r.failed_gates
+
+
+def test_partial_credit_rescues_dead_groups_and_own_analyzers_run(run):
+    partial = ("out.append(1.0 if value is not None and value == int(expected) else 0.0)",
+               "out.append(1.0 if value is not None and value == int(expected) else "
+               "0.3 * (len(completion) > 0 and completion.strip()[:1] == str(expected)[:1]))")
+    own = ("from evotrainer.trainer.diagnostics import Finding, analyzer\n\n\n"
+           "@analyzer('long_answers', share=0.01)\n"
+           "def long_answers(r, s, t):\n"
+           "    \"\"\"Completions longer than 3 tokens.\"\"\"\n"
+           "    frac = float((r['n_tokens'] > 3).mean())\n"
+           "    return [Finding(analyzer='long_answers', metric='long', value=frac, severity='warning',\n"
+           "                    message='long answers')] if frac > t['share'] else []\n")
+    branch = _candidate(run, 3, "partial credit", {"rewards.py": partial},
+                        extra={"diagnostics/long_answers.py": own})
+    r = backtest(run.path, branch, replay_only=True, generation=0).replay
+    assert r.groups_rescued > 0 and r.dead_groups_after < r.dead_groups_before
+    assert "long_answers" in {f.analyzer for f in r.findings}
+
+
+def test_errors_are_one_line_and_write_nothing(run):
+    reports = run.path / "reports"
+    with pytest.raises(UserError, match="not a candidate"):
+        backtest(run.path, "cand/g9-nope", replay_only=True)
+    crash = ("def correctness(prompts, completions, answer, fmt, **kwargs):",
+             "def correctness(prompts, completions, answer, fmt, **kwargs):\n"
+             "    if len(completions) > 12:  # passes validation's small batch, fails on real evidence\n"
+             "        raise ZeroDivisionError('planted crash')")
+    branch = _candidate(run, 4, "crashing reward", {"rewards.py": crash})
+    with pytest.raises(UserError, match="ZeroDivisionError: planted crash"):
+        backtest(run.path, branch, replay_only=True, generation=0)
+    assert not (reports / f"backtest-{branch.replace('/', '--')}.json").exists()
+    proc = run_cli("backtest", str(run.path), "cand/g9-nope", "--replay-only")
+    assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "not a candidate" in proc.stderr
+
+
+def test_corrupt_evidence_is_one_clear_error(run, tmp_path):
+    branch = _candidate(run, 4, "answer format weight", {"harness.yaml": ("weight: 0.1", "weight: 0.2")})
+    bad = run.path / "evidence" / "g7" / "main" / "rollouts-0000001.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not parquet")
+    try:
+        with pytest.raises(UserError, match="corrupt"):
+            backtest(run.path, branch, replay_only=True, generation=7)
+    finally:
+        bad.unlink()
+    assert not (run.path / "reports" / f"backtest-{branch.replace('/', '--')}.json").exists()
+
+
+def test_paired_bootstrap_interval_and_power():
+    rng = np.random.default_rng(0)
+    zero = np.zeros((2, 500))
+    assert paired_bootstrap(zero, 200) == (0.0, 0.0, 0.0, 0.0)
+    better = (rng.random((2, 2000)) < 0.15).astype(float) - (rng.random((2, 2000)) < 0.05)
+    mean, lo, hi, se = paired_bootstrap(better, 500)
+    assert lo < mean < hi and lo > 0.05 and abs(mean - better.mean()) < 1e-12
+    noisy = better[:, :200]
+    assert paired_bootstrap(noisy, 500)[3] > 2 * se  # fewer dev items: a wider interval, a larger MDE
+    # a seed that disagrees widens the interval beyond what the items alone would say
+    split = np.stack([better[0], -better[1]])
+    _, lo2, hi2, _ = paired_bootstrap(split, 500)
+    assert lo2 < 0 < hi2
+
+
+def test_sequential_rule():
+    assert decide(0.03, 0.01, 0.05, 2, 4, []) == "significant"
+    assert decide(-0.04, -0.07, -0.01, 2, 4, []) == "worse"
+    assert decide(-0.01, -0.03, 0.01, 2, 4, []) == "no_gain"
+    assert decide(0.01, -0.01, 0.03, 2, 4, []) == ""  # promising but unresolved: extend
+    assert decide(0.01, -0.01, 0.03, 4, 4, []) == "budget"
+    assert decide(0.05, 0.02, 0.08, 2, 4, ["shaped_vs_sealed"]) == "gate"
+
+
+def test_agreement_metrics():
+    correct = np.array([1, 1, 0, 0, 0], dtype=bool)
+    a = agreement(np.array([1.1, 1.1, 0.1, 0.1, 0.0]), correct)
+    assert a.auc == 1.0 and a.rewarded_incorrect == 0.0 and a.corr > 0.9
+    b = agreement(np.array([1.1, 1.1, 1.0, 0.1, 0.0]), correct)  # a wrong answer paid almost like a right one
+    assert b.rewarded_incorrect == pytest.approx(1 / 3) and b.auc == 1.0  # AUC alone would not see it
+    assert agreement(np.ones(3), np.ones(3, dtype=bool)).auc is None
+
+
+def test_new_analyzer_validated_on_history(run, tmp_path):
+    """After the scenarios above, the run's history holds promoted and rejected branches."""
+    from evotrainer.trainer.diagnostics.history import validate_on_history
+
+    repo = run.harness
+    open_bug = [r.branch for r in repo.lineage() if r.branch.startswith("cand/g1-lenient-parser-short")][0]
+    repo.reject(open_bug, 1, "failed gate shaped_vs_sealed")
+    harness = tmp_path / "h"
+    (harness / "diagnostics").mkdir(parents=True)
+    (harness / "diagnostics" / "format_collapse.py").write_text(
+        "from evotrainer.trainer.diagnostics import Finding, analyzer\n\n\n"
+        "@analyzer('format_collapse', rate=0.3)\n"
+        "def format_collapse(r, s, t):\n"
+        "    \"\"\"The readable-answer rate in the last steps fell below `rate`.\"\"\"\n"
+        "    late = r[r['step'] >= r['step'].max() - 1]\n"
+        "    value = float(late['formatted'].mean())\n"
+        "    return [Finding(analyzer='format_collapse', metric='late_format_rate', value=value,\n"
+        "                    severity='critical', message='format collapsed')] if value < t['rate'] else []\n")
+    res = validate_on_history(run.path, harness)
+    by = {s.branch: s for s in res.slices}
+    assert by[open_bug].flagged and by[open_bug].status == "rejected"
+    promoted = [s for s in res.slices if s.status == "promoted"]
+    assert promoted and not any(s.flagged for s in promoted)
+    assert res.recall == 1.0 and res.precision == 1.0 and res.false_alarms == 0
+    proc = run_cli("validate-analyzer", str(run.path), str(harness), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["recall"] == 1.0
+
+
+def test_harness_analyzer_cannot_replace_a_built_in(run, tmp_path):
+    from evotrainer.trainer.diagnostics.report import health_report
+
+    harness = tmp_path / "h"
+    (harness / "diagnostics").mkdir(parents=True)
+    (harness / "harness.yaml").write_text((run.path / "harness" / "harness.yaml").read_text())
+    (harness / "diagnostics" / "quiet.py").write_text(
+        "from evotrainer.trainer.diagnostics import analyzer\n\n\n"
+        "@analyzer('shaped_vs_sealed')\n"
+        "def silenced(r, s, t):\n"
+        "    return []\n")
+    with pytest.raises(UserError, match="already registered"):
+        health_report(run.path / "evidence", 0, "main", harness, tmp_path)

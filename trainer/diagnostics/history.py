@@ -1,0 +1,142 @@
+"""Validating a new analyzer on history: would it have flagged the branches we already judged?
+
+A new or revised analyzer (written into a harness's `diagnostics/` folder) is replayed over the stored
+evidence of every candidate branch of a run, in a sandboxed child
+(`python -m evotrainer.trainer.diagnostics.history SPEC.json`, working directory the harness that holds
+it). Its flags are compared with the recorded verdicts: rejected branches are the known-bad ones,
+promoted branches must not be flagged. Precision, recall and false alarms decide whether the analyzer
+earns its place on the champion line.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from evotrainer.errors import UserError
+from evotrainer.trainer.diagnostics import Finding
+
+
+class Slice(BaseModel):
+    generation: int
+    branch: str
+    status: str  # promoted / rejected / open
+
+
+class HistorySpec(BaseModel):
+    harness_dir: str
+    evidence_root: str
+    slices: list[Slice]
+    only: list[str] | None = None  # analyzer ids to validate (default: those the harness defines)
+    thresholds: dict[str, dict[str, float]] = Field(default_factory=dict)
+    result_path: str
+
+
+class SliceFlags(BaseModel):
+    generation: int
+    branch: str
+    status: str
+    n_rollouts: int
+    flagged: bool  # a warning, a critical finding or a gate
+    findings: list[Finding]
+
+
+class AnalyzerValidation(BaseModel):
+    analyzers: list[str]
+    slices: list[SliceFlags]
+    known_bad: int
+    promoted: int
+    flagged_bad: int
+    false_alarms: int  # promoted branches it flags
+    precision: float | None  # among flagged judged branches, the share that were rejected
+    recall: float | None  # among rejected branches, the share it flags
+    seconds: float
+
+    def markdown(self) -> str:
+        lines = [f"# Validation of {', '.join(self.analyzers)} on history", "",
+                 f"precision {_f(self.precision)}, recall {_f(self.recall)} on {self.known_bad} rejected branches; "
+                 f"{self.false_alarms} false alarms on {self.promoted} promoted ones.", "",
+                 "| generation | branch | verdict | flagged |", "|---|---|---|---|"]
+        lines += [f"| {s.generation} | {s.branch} | {s.status} | {'yes' if s.flagged else 'no'} |" for s in self.slices]
+        return "\n".join(lines) + "\n"
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def score(slices: list[SliceFlags], analyzers: list[str], seconds: float = 0.0) -> AnalyzerValidation:
+    bad = [s for s in slices if s.status == "rejected"]
+    good = [s for s in slices if s.status == "promoted"]
+    tp, fp = sum(s.flagged for s in bad), sum(s.flagged for s in good)
+    return AnalyzerValidation(analyzers=analyzers, slices=slices, known_bad=len(bad), promoted=len(good),
+                              flagged_bad=tp, false_alarms=fp, precision=tp / (tp + fp) if tp + fp else None,
+                              recall=tp / len(bad) if bad else None, seconds=round(seconds, 3))
+
+
+def validate(spec: HistorySpec) -> AnalyzerValidation:
+    """Run the chosen analyzers over every slice. Imports harness code: child processes only."""
+    from evotrainer.trainer.diagnostics import REGISTRY, load_harness_analyzers
+    from evotrainer.trainer.evidence import read_rollouts, read_steps
+
+    started = time.time()
+    defined = load_harness_analyzers(spec.harness_dir)
+    ids = spec.only or defined
+    unknown = [i for i in ids if i not in REGISTRY]
+    if not ids:
+        raise UserError(f"{spec.harness_dir}/diagnostics registers no analyzer to validate")
+    if unknown:
+        raise UserError(f"no analyzer {unknown[0]!r} to validate; {spec.harness_dir}/diagnostics defines {defined}")
+    out = []
+    for s in spec.slices:
+        rollouts = read_rollouts(spec.evidence_root, s.generation, s.branch).to_pandas()
+        if rollouts.empty:
+            continue
+        steps = read_steps(spec.evidence_root, s.generation, s.branch).to_pandas()
+        findings = [f for i in ids for f in REGISTRY[i].run(rollouts, steps, spec.thresholds.get(i))]
+        out.append(SliceFlags(generation=s.generation, branch=s.branch, status=s.status, n_rollouts=len(rollouts),
+                              flagged=any(f.severity != "info" or f.gate for f in findings), findings=findings))
+    return score(out, ids, time.time() - started)
+
+
+def validate_on_history(run_dir: str | Path, harness_dir: str | Path, only: list[str] | None = None
+                        ) -> AnalyzerValidation:
+    """Parent side: every judged candidate branch of the run, its evidence, the analyzers of `harness_dir`."""
+    from evotrainer.files import atomic_write_text
+    from evotrainer.trainer import jobs
+    from evotrainer.trainer.harness import load_spec
+    from evotrainer.trainer.sandbox import Limits
+    from evotrainer.workspaces.run import RunWorkspace
+
+    ws = RunWorkspace.open(run_dir)
+    harness_dir = Path(harness_dir).resolve()
+    if not any((harness_dir / "diagnostics").glob("*.py")):
+        raise UserError(f"{harness_dir} has no diagnostics/*.py: put the analyzer to validate there")
+    slices = [Slice(generation=r.generation, branch=r.branch, status=r.status) for r in ws.harness.lineage()]
+    if not any(s.status != "open" for s in slices):
+        raise UserError(f"run {ws.path} has no judged branches yet: nothing to validate an analyzer against")
+    spec = HistorySpec(harness_dir=str(harness_dir), evidence_root=str(ws.path / "evidence"), slices=slices,
+                       only=only, thresholds=load_spec(ws.path / "harness").analyzers,
+                       result_path=str(ws.path / "specs" / "history.result.json"))
+    spec_path = ws.path / "specs" / "history.spec.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(spec_path, spec.model_dump_json())
+    Path(spec.result_path).unlink(missing_ok=True)
+    jobs.run_child("evotrainer.trainer.diagnostics.history", [str(spec_path)], cwd=harness_dir,
+                   log=ws.path / "logs" / "history.log", limits=Limits(timeout_s=600, memory_mb=8000),
+                   label=f"validation of the analyzers in {harness_dir}")
+    return AnalyzerValidation.model_validate_json(Path(spec.result_path).read_text())
+
+
+def main(argv: list[str]) -> int:
+    spec = HistorySpec.model_validate_json(Path(argv[0]).read_text())
+    Path(spec.result_path).write_text(validate(spec).model_dump_json())
+    return 0
+
+
+if __name__ == "__main__":
+    from evotrainer.trainer.sandbox import child_main
+
+    child_main(main)
