@@ -391,11 +391,14 @@ def decide(delta: float, lo: float, hi: float, n_seeds: int, max_seeds: int, fai
 
 def _replay_source(evidence: Path, generation: int) -> tuple[int | None, list[str]] | None:
     """Which stored rollouts a candidate of `generation` is replayed on: the champion line's evidence of the
-    generation its diagnosis read, else any of the champion line's, else none."""
+    generation its diagnosis read, else any of the champion line's, else the control arms of this generation's
+    short runs (the champion harness from the champion policy), else none."""
     if any((evidence / f"g{generation - 1}" / "main").glob("rollouts-*.parquet")):
         return generation - 1, ["main"]
     if any(evidence.glob("g*/main/rollouts-*.parquet")):
         return None, ["main"]
+    if any((evidence / f"g{generation}" / "control").glob("rollouts-*.parquet")):
+        return generation, ["control"]
     return None
 
 

@@ -61,7 +61,7 @@ def reward_spread(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
                     severity=sev, message=f"mean within-group reward std is {spread:.3f}: little signal per group")]
 
 
-@analyzer("truncation", warning=0.15, critical=0.20)
+@analyzer("truncation", warning=0.05, critical=0.10)
 def truncation(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     """Completions cut off by the completion-length limit. With masking they get no gradient at all; without it
     they are scored as whatever the reward makes of half an answer. A too-short limit shows up here, not on dev."""
