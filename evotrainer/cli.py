@@ -283,6 +283,11 @@ def validate_analyzer(
         Console().print(Markdown(result.markdown()))
 
 
+from evotrainer.cli_skills import app as skills_app  # noqa: E402  (the sub-commands register on import)
+
+app.add_typer(skills_app, name="skills")
+
+
 def main() -> None:
     apply_offline_switches()
     try:
