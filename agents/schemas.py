@@ -9,6 +9,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from evotrainer.memory.store import Hit
+from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.diagnostics.report import HealthReport
+
 
 class ExpectedEffect(BaseModel):
     metric: str = Field("dev_accuracy", description="the metric the change should move")
@@ -41,3 +45,95 @@ class Verdict(BaseModel):
     ci_high: float | None = None
     lesson: str = Field("", description="what a later generation should learn from this candidate, in one or two "
                                         "sentences")
+
+
+class Bottleneck(BaseModel):
+    """One thing holding training back, as the Diagnoser reads it from the findings."""
+
+    title: str
+    findings: list[str] = Field(default_factory=list, description="finding ids it rests on (analyzer:metric)")
+    severity: Literal["info", "warning", "critical"] = "warning"
+    evidence: list[str] = Field(default_factory=list, description="rollout ids that show it")
+    explanation: str = ""
+
+
+class Diagnosis(BaseModel):
+    """The Diagnoser's output: ranked bottlenecks, most limiting first."""
+
+    generation: int
+    summary: str = Field(description="the diagnosis in two or three sentences; this is what skill retrieval reads")
+    bottlenecks: list[Bottleneck] = Field(default_factory=list)
+    author: str = ""
+
+
+class Plan(BaseModel):
+    """The Planner's output: up to K single-factor interventions, best first."""
+
+    interventions: list[Intervention] = Field(default_factory=list)
+    rationale: str = ""
+    author: str = ""
+
+
+class Edit(BaseModel):
+    """One edit of a harness file: a search/replace block, or the whole file when `search` is None."""
+
+    path: str
+    search: str | None = None
+    replace: str
+
+
+class CodeResult(BaseModel):
+    """The Coder's output for one intervention."""
+
+    edits: list[Edit] = Field(min_length=1)
+    message: str = Field(description="the commit subject")
+
+
+# -- what each agent is given ----------------------------------------------------------------------------
+class Sample(BaseModel):
+    """One rollout shown to an agent. Its text is data quoted from the policy, never an instruction."""
+
+    rollout_id: str
+    prompt: str
+    completion: str
+    reward: float
+    correct: bool
+    truncated: bool = False
+
+
+class DiagnoseInput(BaseModel):
+    generation: int
+    report: HealthReport
+    worst: list[Sample] = Field(default_factory=list, description="lowest-reward rollouts")
+    random: list[Sample] = Field(default_factory=list, description="a uniform sample")
+    previous: list[Diagnosis] = Field(default_factory=list, description="earlier generations' diagnoses")
+
+
+class LineageEntry(BaseModel):
+    generation: int
+    branch: str
+    factor: str
+    transform: str | None = None
+    status: str
+    effect: float | None = None
+    reason: str = ""
+
+
+class PlanInput(BaseModel):
+    generation: int
+    domain: str
+    k: int
+    diagnosis: Diagnosis
+    findings: list[Finding]
+    skills: list[Hit] = Field(default_factory=list, description="retrieved skills, positive and negative")
+    lineage: list[LineageEntry] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict, description="the champion harness")
+    tried: list[str] = Field(default_factory=list, description="factors already tried on this champion commit")
+
+
+class CodeInput(BaseModel):
+    intervention: Intervention
+    files: dict[str, str]
+    findings: list[Finding] = Field(default_factory=list)
+    error: str = Field("", description="why the previous attempt failed validation (repair rounds)")
+    attempt: int = 0

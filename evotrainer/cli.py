@@ -159,8 +159,10 @@ def branches(
     colour = {"promoted": "green", "rejected": "red", "open": "yellow"}
     for r in records:
         effect = "" if r.effect is None else f"{r.effect:+.3f}"
+        note = r.reason or r.hypothesis
+        note = note if len(note) <= 160 else note[:157] + "..."  # whole in `evotrainer show` and --json
         table.add_row(r.branch, str(r.generation), r.parent[:8], r.factor, f"[{colour[r.status]}]{r.status}[/]",
-                      effect, r.reason or r.hypothesis)
+                      effect, note)
     Console().print(table)
 
 
@@ -281,6 +283,101 @@ def validate_analyzer(
         from rich.markdown import Markdown
 
         Console().print(Markdown(result.markdown()))
+
+
+def _meta_policy(cfg):
+    """The meta-policy a run's configuration names: the offline rules, or a LiteLLM model (preflighted)."""
+    if cfg.meta_llm == "offline":
+        from evotrainer.agents.offline.policy import OfflinePolicy
+
+        return OfflinePolicy()
+    from evotrainer.agents.llm_policy import LLMPolicy
+
+    return LLMPolicy.connect(cfg.meta_llm, cfg.api_base)
+
+
+def _drive(ws, fresh: bool, as_json: bool) -> None:
+    from evotrainer.graph.build import drive
+
+    meta = _meta_policy(ws.config())  # preflight before any training
+    with progress_display(not as_json) as feed:
+        status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
+                                                                              highlight=False))
+        summary = drive(ws, meta, fresh=fresh, feed=feed, status=status)
+    if as_json:
+        print(summary.model_dump_json())
+        return
+    table = Table(title=f"{summary.run} ({summary.meta_policy})")
+    for col in ("gen", "champion", "dev after train", "dev at end", "promoted", "rejected", "revised"):
+        table.add_column(col)
+    def f(x: float | None) -> str:
+        return "" if x is None else f"{x:.3f}"
+
+    for h in summary.history:
+        table.add_row(str(h["generation"]), h["champion_commit"][:8], f(h["dev_trained"]), f(h["dev_accuracy"]),
+                      h["promoted"] or "-", str(len(h["rejected"])), h["revised"] or "-")
+    con = Console()
+    con.print(table)
+    for r in summary.rejected:
+        con.print(f"  [red]rejected[/] {r}", highlight=False)
+    start = "n/a" if summary.dev_start is None else f"{summary.dev_start:.3f}"
+    final = "n/a" if summary.dev_final is None else f"{summary.dev_final:.3f}"
+    con.print(f"dev accuracy {start} -> {final}; {summary.candidates} candidates, {len(summary.promoted)} promoted; "
+              f"{summary.steps_used} GRPO steps, {summary.seconds_used:.0f} s, ${summary.llm_dollars:.2f} meta-LLM; "
+              f"{summary.skills} skills in memory. Stopped: {summary.stop_reason}.")
+    con.print(f"next: `evotrainer branches {ws.path}`, `evotrainer skills list`, {ws.path / 'reports'}/")
+
+
+@app.command()
+def run(
+    directory: Annotated[Path, typer.Argument(help="the new run directory")],
+    domain: Annotated[str, typer.Option(help="task domain")] = "math",
+    generations: Annotated[int, typer.Option(min=1, help="generations of the loop")] = 3,
+    candidates: Annotated[int, typer.Option(min=1, help="candidate interventions per generation")] = 3,
+    meta_llm: Annotated[str, typer.Option(help="'offline' (rule-based meta-policy) or a LiteLLM model string, e.g. "
+                                               "openai/gpt-4o-mini, ollama/qwen2.5, hosted_vllm/MODEL")] = "offline",
+    api_base: Annotated[str | None, typer.Option(help="endpoint of the meta-LLM (ollama, vLLM, a proxy)")] = None,
+    skills: Annotated[Path | None, typer.Option(help="skill memory (default $EVOTRAINER_SKILLS or "
+                                                     "~/.evotrainer/skills)")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="starting policy (default: the cached warm policy)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the run")] = 0,
+    train_steps: Annotated[int | None, typer.Option(min=1, help="champion GRPO steps per generation")] = None,
+    backtest_steps: Annotated[int | None, typer.Option(min=1, help="GRPO steps of each short-run arm")] = None,
+    seeds: Annotated[int | None, typer.Option(min=1, help="seeds of a candidate's first short-run round")] = None,
+    max_seeds: Annotated[int | None, typer.Option(min=1, help="extend promising candidates up to this many")] = None,
+    dev_items: Annotated[int | None, typer.Option(min=1, help="sealed dev items per evaluation")] = None,
+    max_train_steps: Annotated[int | None, typer.Option(min=1, help="budget: GRPO steps in all, backtests "
+                                                                    "included")] = None,
+    max_dollars: Annotated[float | None, typer.Option(help="budget: meta-LLM spend in dollars")] = None,
+    max_minutes: Annotated[float | None, typer.Option(help="budget: wall clock of the whole run")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
+) -> None:
+    """Co-evolve the policy and its harness: train, diagnose, plan, implement, backtest, critique, promote, distill."""
+    from evotrainer.graph.build import open_run
+
+    overrides = {k: v for k, v in dict(train_steps=train_steps, backtest_steps=backtest_steps, seeds=seeds,
+                                       max_seeds=max_seeds, dev_items=dev_items).items() if v is not None}
+    budget = {"generations": generations, "candidates": candidates, "train_steps": max_train_steps,
+              "llm_dollars": max_dollars, "wall_clock_s": max_minutes * 60 if max_minutes else None}
+    if meta_llm != "offline":
+        from evotrainer.agents.llm_policy import LLMPolicy
+
+        LLMPolicy.connect(meta_llm, api_base)  # an unreachable endpoint or a missing key: before anything is created
+    ws = open_run(directory, domain=domain, budget=budget, meta_llm=meta_llm, api_base=api_base,
+                  skills=str(skills.resolve()) if skills else None, checkpoint=str(checkpoint) if checkpoint else None,
+                  seed=seed, loop_overrides=overrides)
+    _drive(ws, fresh=True, as_json=as_json)
+
+
+@app.command()
+def resume(
+    directory: Annotated[Path, typer.Argument(help="a run directory")],
+    as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
+) -> None:
+    """Continue an interrupted run from its last completed node."""
+    from evotrainer.workspaces.run import RunWorkspace
+
+    _drive(RunWorkspace.open(directory), fresh=False, as_json=as_json)
 
 
 from evotrainer.cli_skills import app as skills_app  # noqa: E402  (the sub-commands register on import)

@@ -97,9 +97,21 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL when the thread that started it dies, so a killed orchestrator leaves no
+    training running behind it (a resumed run would otherwise race an orphan for the same directory)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _limit(limits: Limits) -> Callable[[], None]:
     def apply() -> None:
         os.setsid()  # own process group: a timeout kills the child and anything it started
+        _die_with_parent()
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         cpu = int(limits.cpu_s or 2 * limits.timeout_s)

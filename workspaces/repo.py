@@ -191,6 +191,31 @@ class HarnessRepo:
         except git.GitCommandError as e:
             raise UserError(f"branch {branch!r} does not exist in {self.path}: see `evotrainer branches`") from e
 
+    def reset_worktree(self, worktree: str | Path) -> None:
+        """Undo uncommitted edits in a candidate's worktree (before a Coder's repair round)."""
+        self._git("checkout", "-q", "--", ".", cwd=Path(worktree))
+        self._git("clean", "-fdq", cwd=Path(worktree))
+
+    def has_own_commit(self, branch: str) -> bool:
+        """Whether a candidate branch carries a commit of its own (not only the champion's history)."""
+        return self._git("rev-list", "--count", f"main..{branch}") != "0"
+
+    def discard(self, branch: str) -> None:
+        """Delete a candidate that never got a commit (an interrupted implement step): worktree and branch."""
+        with self._locked():
+            self._remove_worktree(branch)
+            self._git("branch", "-D", branch)
+
+    def commit_champion(self, files: dict[str, str], message: str) -> str:
+        """Commit files straight onto `main` (diagnostics revision: a new analyzer, not an intervention)."""
+        with self._locked():
+            self.write_files(self.path, files)
+            self._git("add", "-A")
+            if not self._git("status", "--porcelain"):
+                return self.head()
+            self._git("commit", "-q", "-m", message)
+            return self.head()
+
     # -- verdicts ------------------------------------------------------------------------------
     def promote(self, branch: str, generation: int, verdict: dict) -> str:
         """Merge a candidate into `main`, tag the merge `gen-<N>` with the verdict, drop its worktree."""

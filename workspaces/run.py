@@ -42,6 +42,20 @@ class Budget(BaseModel):
     wall_clock_s: float | None = Field(None, description="wall-clock limit of the whole run")
 
 
+class LoopConfig(BaseModel):
+    """How one generation of `evotrainer run` spends compute (defaults: about 5 minutes a generation on 2 cores)."""
+
+    model_config = ConfigDict(extra="forbid")
+    train_steps: int = Field(20, ge=1, description="GRPO steps of the champion per generation")
+    backtest_steps: int = Field(10, ge=1, description="GRPO steps of each short-run arm")
+    seeds: int = Field(2, ge=1, description="seeds of a candidate's first short-run round")
+    max_seeds: int = Field(3, ge=1, description="a promising candidate is extended up to this many seeds")
+    dev_items: int | None = Field(500, ge=1, description="sealed dev items per evaluation (None: all)")
+    repair_rounds: int = Field(2, ge=0, description="Coder repair rounds fed the validation error")
+    min_ci_low: float = Field(0.0, description="promotion: lower bound of the paired dev interval must exceed it")
+    max_promotions: int = Field(1, ge=0, description="winners per generation")
+
+
 class RunConfig(BaseModel):
     """`run.yaml`."""
 
@@ -53,6 +67,8 @@ class RunConfig(BaseModel):
     meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
     api_base: str | None = None
     skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
+    checkpoint: str | None = Field(None, description="starting policy (default: the domain's cached warm policy)")
+    loop: LoopConfig = Field(default_factory=LoopConfig)
     fingerprint: str = Field(description="sealed scorer fingerprint at creation; every evaluation re-checks it")
 
 

@@ -1,0 +1,50 @@
+"""Applying the Coder's edits to a candidate's files (search/replace blocks or whole files).
+
+The same function serves the LLM Coder and the offline one. An edit that cannot be applied exactly is one
+`EditFailed` sentence that goes back to the Coder as the error of its repair round.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from evotrainer.agents.schemas import Edit
+
+# what a harness may contain (DESIGN §4); anything else is refused before it reaches the worktree
+HARNESS_FILES = ("harness.yaml", "rewards.py", "filters.py", "env.py")
+
+
+class EditFailed(ValueError):
+    pass
+
+
+def check_path(path: str) -> str:
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not p.parts:
+        raise EditFailed(f"{path!r} is outside the harness: edit only {', '.join(HARNESS_FILES)} or diagnostics/*.py")
+    if str(p) not in HARNESS_FILES and not (len(p.parts) == 2 and p.parts[0] == "diagnostics" and p.suffix == ".py"):
+        raise EditFailed(f"{path!r} is not a harness file: edit only {', '.join(HARNESS_FILES)} or diagnostics/*.py")
+    return str(p)
+
+
+def apply_edits(files: dict[str, str], edits: list[Edit]) -> dict[str, str]:
+    """The changed files (path -> new text) after applying `edits` in order to `files`."""
+    current = dict(files)
+    changed: dict[str, str] = {}
+    for e in edits:
+        path = check_path(e.path)
+        if e.search is None:
+            text = e.replace
+        else:
+            if path not in current:
+                raise EditFailed(f"{path} does not exist: to create it, give the whole file with no search block")
+            count = current[path].count(e.search)
+            if count != 1:
+                where = "not found" if count == 0 else f"found {count} times"
+                raise EditFailed(f"search block {where} in {path}: copy the exact text of one unique passage")
+            text = current[path].replace(e.search, e.replace, 1)
+        current[path] = changed[path] = text
+    changed = {p: t for p, t in changed.items() if files.get(p) != t}
+    if not changed:
+        raise EditFailed("the edits change nothing: the intervention must change at least one harness file")
+    return changed

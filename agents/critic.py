@@ -1,0 +1,96 @@
+"""The promotion rule (DESIGN §7) and the Critic's verdicts.
+
+`judge` applies the rule to one candidate's backtest: every gate passes, the targeted metric moved as
+hypothesised, and the lower bound of the paired dev improvement's 95% interval is above `min_ci_low`.
+It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
+but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
+`max_promotions` winners per generation (the highest lower bounds): single-factor changes compose across
+generations, not inside one.
+
+A candidate whose train reward rose while dev did not, with no gate fired, is sent to diagnostics revision
+(`revise`): something in training paid off that the sealed grade does not confirm, and no analyzer said so.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from evotrainer.agents.schemas import Intervention, Verdict
+from evotrainer.trainer.backtest import BacktestResult
+
+
+class PromotionRule(BaseModel):
+    """Configurable, never bypassed: gates always veto."""
+
+    min_ci_low: float = Field(0.0, description="the paired dev interval's lower bound must exceed this")
+    max_promotions: int = Field(1, ge=0, description="winners per generation")
+    revise_reward_rise: float = Field(0.02, description="train reward rise (candidate minus control) without a dev "
+                                                        "gain that asks for diagnostics revision")
+
+
+def moved_as_hypothesised(intervention: Intervention, backtest: BacktestResult) -> bool | None:
+    """Whether the metric the hypothesis names moved its way; None when the backtest does not measure it."""
+    s, r = backtest.short_run, backtest.replay
+    e = intervention.expected
+    sign = 1 if e.direction == "up" else -1
+    measured = {
+        "dev_accuracy": s.delta if s else None,
+        "train_correct": s.train_correct_delta if s else None,
+        "train_reward": s.train_reward_delta if s else None,
+        "dead_group_ratio": (r.dead_ratio_after - r.dead_ratio_before) if r else None,
+    }.get(e.metric)
+    return None if measured is None else sign * measured > 0
+
+
+def judge(intervention: Intervention, backtest: BacktestResult | None, rule: PromotionRule,
+          error: str = "") -> Verdict:
+    """The rule's verdict on one candidate (the Critic's starting point, and its ceiling)."""
+    branch = backtest.branch if backtest else ""
+    if backtest is None:
+        return Verdict(branch=branch, decision="reject", reasons=[error or "no backtest result"])
+    s = backtest.short_run
+    base = dict(branch=backtest.branch, failed_gates=backtest.failed_gates, effect=s.delta if s else None,
+                ci_low=s.ci_low if s else None, ci_high=s.ci_high if s else None)
+    if backtest.failed_gates:
+        return Verdict(decision="reject", reasons=[f"failed gate {g}" for g in backtest.failed_gates], **base)
+    if s is None:
+        return Verdict(decision="reject", reasons=["replay only: no short-run evidence on sealed dev"], **base)
+    interval = f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps"
+    if s.ci_low > rule.min_ci_low:
+        moved = moved_as_hypothesised(intervention, backtest)
+        if moved is False:
+            return Verdict(decision="reject", reasons=[f"{interval}, but {intervention.expected.metric} did not move "
+                                                       f"{intervention.expected.direction} as hypothesised"], **base)
+        return Verdict(decision="promote", reasons=[f"{interval}: lower bound above {rule.min_ci_low:g}, all gates "
+                                                    "pass"], **base)
+    if s.train_reward_delta > rule.revise_reward_rise and s.delta <= 0:
+        return Verdict(decision="revise", reasons=[
+            f"train reward rose {s.train_reward_delta:+.3f} over the control but {interval} and no gate fired: "
+            "a diagnostic missed what the reward paid for"], **base)
+    return Verdict(decision="reject", reasons=[f"{interval}: the interval does not exclude zero "
+                                               f"(stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
+
+
+def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:
+    """Keep the `max_promotions` promotable verdicts with the highest lower bounds; the others become rejects
+    that say why (they stay positive evidence for skill memory)."""
+    ranked = sorted((v for v in verdicts if v.decision == "promote"), key=lambda v: v.ci_low or 0.0, reverse=True)
+    winners = {v.branch for v in ranked[:rule.max_promotions]}
+    out = []
+    for v in verdicts:
+        if v.decision == "promote" and v.branch not in winners:
+            best = ranked[0]
+            v = v.model_copy(update={"decision": "reject", "reasons": v.reasons + [
+                f"{best.branch} was promoted instead (lower bound {best.ci_low:+.3f} vs {v.ci_low:+.3f})"]})
+        out.append(v)
+    return out
+
+
+def merge_llm_verdict(rule_verdict: Verdict, llm_verdict: Verdict) -> Verdict:
+    """An LLM Critic's verdict within the rule's ceiling: it may turn a promote into a reject or a revise (its
+    reasons are kept), never a reject into a promote. Gates and numbers always come from the backtest."""
+    decision = llm_verdict.decision
+    if decision == "promote" and rule_verdict.decision != "promote":
+        decision = rule_verdict.decision
+    reasons = rule_verdict.reasons + [r for r in llm_verdict.reasons if r not in rule_verdict.reasons]
+    return rule_verdict.model_copy(update={"decision": decision, "reasons": reasons, "lesson": llm_verdict.lesson})

@@ -1,0 +1,401 @@
+"""The offline meta-policy's intervention catalog: real, single-factor transforms of harness files.
+
+Each transform reads the champion's files and the findings of its health report and either returns one
+`Change` (the edited files, the change in words, a falsifiable hypothesis, the expected effect) or None
+when its precondition does not hold (nothing it would fix, or the harness already has it). `relevance`
+says which analyzers call for it; the policy ranks transforms by the findings that fired and by skill
+memory (`agents/offline/policy.py`).
+
+Transforms of kind "diagnostics" change what the harness measures, not how it trains: they are not
+proposed as candidates (a short run cannot show a dev gain for them) but applied by diagnostics revision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import yaml
+
+from evotrainer.agents.offline.edits import (
+    EditError,
+    add_reward,
+    remove_reward,
+    set_knob,
+    set_list,
+    set_reward_weight,
+    set_threshold,
+)
+from evotrainer.agents.schemas import ExpectedEffect
+from evotrainer.trainer.diagnostics import Finding
+
+Files = dict[str, str]  # path in the harness -> text
+
+
+@dataclass
+class Change:
+    files: Files
+    change: str
+    hypothesis: str
+    expected: ExpectedEffect = field(default_factory=ExpectedEffect)
+
+
+@dataclass(frozen=True)
+class Transform:
+    id: str
+    factor: str
+    kind: str  # reward / filters / recipe / diagnostics
+    summary: str
+    relevance: dict[str, float]  # analyzer id -> how strongly its findings call for this transform
+    prior: float  # score when none of them fired
+    make: Callable[[Files, list[Finding]], Change | None]
+
+
+def _spec(files: Files) -> dict:
+    return yaml.safe_load(files["harness.yaml"]) or {}
+
+
+def _knob(files: Files, key: str, default):
+    return (_spec(files).get("trainer") or {}).get(key, default)
+
+
+def _fired(findings: list[Finding], analyzer_id: str) -> list[Finding]:
+    return [f for f in findings if f.analyzer == analyzer_id and f.severity != "info"]
+
+
+def _append_function(source: str, name: str, code: str) -> str:
+    if re.search(rf"^def {re.escape(name)}\(", source, flags=re.M):
+        return source
+    return source.rstrip("\n") + "\n\n\n" + code.strip("\n") + "\n"
+
+
+def _knob_change(files: Files, key: str, value, change: str, hypothesis: str, metric: str = "dev_accuracy"
+                 ) -> Change:
+    return Change({"harness.yaml": set_knob(files["harness.yaml"], key, value, comment=change)}, change, hypothesis,
+                  ExpectedEffect(metric=metric, direction="up", size=0.01))
+
+
+# -- filters -------------------------------------------------------------------------------------------
+DROP_DEAD = '''
+def drop_dead_groups(group):
+    """Keep a group only when its rewards differ: a zero-variance group has zero advantage."""
+    rewards = [r["reward"] for r in group]
+    return max(rewards) - min(rewards) > 1e-6
+'''
+
+
+def drop_dead_groups(files: Files, findings: list[Finding]) -> Change | None:
+    spec = _spec(files)
+    current = list(spec.get("group_filters") or [])
+    if "drop_dead_groups" in current:
+        return None
+    dead = _fired(findings, "dead_groups")
+    ratio = f"{dead[0].value:.0%} of groups are dead" if dead else "dead groups dilute the loss"
+    return Change(
+        {"harness.yaml": set_list(files["harness.yaml"], "group_filters", [*current, "drop_dead_groups"]),
+         "filters.py": _append_function(files.get("filters.py", ""), "drop_dead_groups", DROP_DEAD)},
+        "take zero-variance groups out of the loss (group filter drop_dead_groups)",
+        f"If we drop zero-variance groups from each step, dev accuracy improves because {ratio} and under a "
+        "token-level loss they only dilute the gradient of the groups that carry signal.")
+
+
+def curriculum_drop_unsolved(files: Files, findings: list[Finding]) -> Change | None:
+    hard = [f for f in findings if f.analyzer == "solve_rate_by_difficulty" and "too hard" in f.message]
+    if not hard:
+        return None
+    levels = sorted({int(f.metric.rsplit("_d", 1)[1]) for f in hard if re.search(r"_d\d+$", f.metric)})
+    if not levels:
+        return None
+    name = "drop_unsolved_levels_" + "_".join(map(str, levels))
+    current = list(_spec(files).get("filters") or [])
+    if name in current:
+        return None
+    code = (f"def {name}(rows):\n"
+            f"    \"\"\"Curriculum: leave out difficulty levels {levels}, never solved yet (all-failed groups\n"
+            f"    teach nothing). When that would leave nothing to train on, keep every row.\"\"\"\n"
+            f"    kept = [r for r in rows if r[\"difficulty\"] not in {set(levels)!r}]\n"
+            f"    return kept or rows\n")
+    return Change(
+        {"harness.yaml": set_list(files["harness.yaml"], "filters", [*current, name]),
+         "filters.py": _append_function(files.get("filters.py", ""), name, code)},
+        f"curriculum: train without difficulty levels {levels} (solve rate near zero)",
+        f"If we leave out levels {levels} for now, dev accuracy improves because their groups are all-failed "
+        "(zero advantage) and the freed batch goes to levels with signal.")
+
+
+# -- rewards -------------------------------------------------------------------------------------------
+def format_weight(files: Files, findings: list[Finding]) -> Change | None:
+    rewards = {r["name"]: r.get("weight", 1.0) for r in _spec(files).get("rewards", [])}
+    if "answer_format" not in rewards or rewards["answer_format"] >= 0.5 or not _fired(findings, "format_failures"):
+        return None
+    new = round(min(0.5, max(0.3, rewards["answer_format"] * 3)), 3)
+    return Change({"harness.yaml": set_reward_weight(files["harness.yaml"], "answer_format", new)},
+                  f"raise the answer_format reward weight {rewards['answer_format']:g} -> {new:g}",
+                  "If we pay more for a readable final answer, the format failure rate falls and dev accuracy "
+                  "rises because unreadable answers are graded wrong whatever they compute.",
+                  ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
+
+
+NEAR_MISS = '''
+def near_miss(prompts, completions, answer, fmt, **kwargs):
+    """Guarded partial credit: a parsable final answer close to the expected one earns up to 0.5; an empty,
+    unparsable or far-off answer earns nothing, so the reward never pays for not answering."""
+    out = []
+    for completion, expected, f in zip(completions, answer, fmt):
+        value = final_answer(completion, f)
+        if value is None:
+            out.append(0.0)
+            continue
+        target = int(expected)
+        out.append(0.5 * max(0.0, 1.0 - abs(value - target) / max(abs(target), 1)))
+    return out
+'''
+
+
+def partial_credit(files: Files, findings: list[Finding]) -> Change | None:
+    names = [r["name"] for r in _spec(files).get("rewards", [])]
+    if "near_miss" in names or "def final_answer(" not in files.get("rewards.py", ""):
+        return None
+    return Change({"harness.yaml": add_reward(files["harness.yaml"], "near_miss", 0.2, "guarded partial credit"),
+                   "rewards.py": _append_function(files["rewards.py"], "near_miss", NEAR_MISS)},
+                  "add a guarded partial-credit reward near_miss (weight 0.2)",
+                  "If near misses earn partial credit, dev accuracy improves because groups where every answer is "
+                  "wrong get reward variance (a direction toward the answer) instead of zero advantage.")
+
+
+def _culprit_components(findings: list[Finding]) -> list[str]:
+    out = []
+    for f in findings:
+        m = re.match(r"reward_(\w+?)_(variance_share|rise_while_correct_flat)$", f.metric)
+        if f.analyzer in ("component_dominance", "shaped_vs_sealed") and m:
+            out.append(m.group(1))
+    return out
+
+
+def remove_component(files: Files, findings: list[Finding]) -> Change | None:
+    names = [r["name"] for r in _spec(files).get("rewards", [])]
+    culprits = [c for c in _culprit_components(findings) if c in names and c != "correctness"]
+    if not culprits or len(names) < 2:
+        return None
+    c = culprits[0]
+    return Change({"harness.yaml": remove_reward(files["harness.yaml"], c)},
+                  f"remove the reward component {c}",
+                  f"If we remove {c}, dev accuracy holds or improves because it dominates or diverges from the "
+                  "sealed grade: the policy optimises it instead of being right.")
+
+
+def soft_overlong(files: Files, findings: list[Finding]) -> Change | None:
+    names = [r["name"] for r in _spec(files).get("rewards", [])]
+    if "soft_overlong" in names:
+        return None
+    limit = int(_knob(files, "max_completion_length", 32))
+    buffer = max(2, limit // 4)
+    code = f'''
+def soft_overlong(prompts, completions, completion_ids=None, **kwargs):
+    """Soft overlong punishment (DAPO): 0 up to {limit - buffer} tokens, falling linearly to -1 at the
+    {limit}-token limit, so the policy learns to finish before it is cut off."""
+    lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else [len(c) for c in completions]
+    return [-min(1.0, max(0.0, (n - {limit - buffer}) / {buffer})) for n in lengths]
+'''
+    return Change({"harness.yaml": add_reward(files["harness.yaml"], "soft_overlong", 0.5, "soft overlong punishment"),
+                   "rewards.py": _append_function(files["rewards.py"], "soft_overlong", code)},
+                  f"add a soft overlong punishment (0 to -1 over the last {buffer} tokens, weight 0.5)",
+                  "If completions are punished as they approach the length limit, truncation falls and dev accuracy "
+                  "rises because truncated completions are masked or graded wrong.",
+                  ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
+
+
+# -- recipe --------------------------------------------------------------------------------------------
+def clip_higher(files: Files, findings: list[Finding]) -> Change | None:
+    eps = float(_knob(files, "epsilon", 0.2))
+    high = float(_knob(files, "epsilon_high", eps))
+    if high >= 0.4:
+        return None
+    new = round(high + 0.08, 3)
+    return _knob_change(files, "epsilon_high", new, f"raise the upper clip bound epsilon_high {high:g} -> {new:g}",
+                        "If the upper clip bound is higher, low-probability good tokens can grow faster, entropy "
+                        "stays up and dev accuracy improves.")
+
+
+def loss_type(files: Files, findings: list[Finding]) -> Change | None:
+    cur = _knob(files, "loss_type", "dapo")
+    new = {"dapo": "dr_grpo", "grpo": "dapo", "bnpo": "dapo", "dr_grpo": "dapo"}.get(cur)
+    if new is None:
+        return None
+    return _knob_change(files, "loss_type", new, f"change the loss aggregation {cur} -> {new}",
+                        f"If the loss is aggregated as {new}, the length bias of {cur} goes and dev accuracy improves.")
+
+
+def more_generations(files: Files, findings: list[Finding]) -> Change | None:
+    ng = int(_knob(files, "num_generations", 8))
+    bs = int(_knob(files, "per_device_train_batch_size", 128))
+    new = ng * 2
+    if new > 32 or bs % new:
+        return None
+    return _knob_change(files, "num_generations", new, f"sample {new} completions per prompt instead of {ng}",
+                        "If each group holds more samples, fewer groups are all-failed or all-solved and dev "
+                        "accuracy improves because more prompts carry a nonzero advantage.")
+
+
+def temperature(files: Files, findings: list[Finding]) -> Change | None:
+    cur = float(_knob(files, "temperature", 1.0))
+    if cur >= 1.4:
+        return None
+    new = round(cur + 0.2, 2)
+    return _knob_change(files, "temperature", new, f"raise the sampling temperature {cur:g} -> {new:g}",
+                        "If sampling is hotter, groups are more diverse, fewer are dead, and dev accuracy improves.")
+
+
+def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
+    if not _fired(findings, "truncation"):
+        return None
+    cur = int(_knob(files, "max_completion_length", 32))
+    new = int(round(cur * 1.5))
+    return _knob_change(files, "max_completion_length", new, f"raise the completion-length limit {cur} -> {new}",
+                        f"If the limit is {new} tokens, fewer completions are cut off and masked, so more rollouts "
+                        "carry gradient and dev accuracy improves.")
+
+
+def learning_rate(files: Files, findings: list[Finding]) -> Change | None:
+    if _fired(findings, "optimizer_health") or _fired(findings, "logprob_collapse"):
+        return None  # unstable or collapsing already: a bigger step would make it worse
+    cur = float(_knob(files, "learning_rate", 1e-4))
+    if cur >= 3e-4:
+        return None
+    new = float(f"{cur * 1.5:.3g}")
+    return _knob_change(files, "learning_rate", new, f"raise the learning rate {cur:g} -> {new:g}",
+                        "If the step is larger, the policy moves further toward the solutions it already samples "
+                        "(pass@k above greedy accuracy) and dev accuracy improves.")
+
+
+def kl_coefficient(files: Files, findings: list[Finding]) -> Change | None:
+    if not (_fired(findings, "optimizer_health") or _fired(findings, "logprob_collapse")):
+        return None
+    cur = float(_knob(files, "beta", 0.0))
+    new = 0.02 if cur == 0 else round(cur * 2, 4)
+    return _knob_change(files, "beta", new, f"set the KL coefficient beta {cur:g} -> {new:g}",
+                        "If updates are held near the reference policy, the instability the optimizer health report "
+                        "shows goes away and dev accuracy stops eroding.")
+
+
+def mask_truncated(files: Files, findings: list[Finding]) -> Change | None:
+    trunc = _fired(findings, "truncation")
+    if not trunc:
+        return None
+    cur = bool(_knob(files, "mask_truncated_completions", False))
+    return _knob_change(files, "mask_truncated_completions", not cur,
+                        f"{'stop masking' if cur else 'mask'} truncated completions in the loss",
+                        f"If truncated completions are {'kept with their (low) reward' if cur else 'masked'}, "
+                        f"the {trunc[0].value:.0%} cut-off rollouts "
+                        f"{'teach the policy to finish' if cur else 'stop adding noise'} and dev accuracy improves.")
+
+
+def scale_rewards(files: Files, findings: list[Finding]) -> Change | None:
+    cur = _knob(files, "scale_rewards", "group")
+    new = {"group": "batch", "batch": "none", "none": "group"}.get(str(cur))
+    if new is None:
+        return None
+    return _knob_change(files, "scale_rewards", new, f"normalise advantages by {new} instead of {cur}",
+                        f"If advantages are scaled by {new}, low-spread groups stop amplifying noise and dev accuracy "
+                        "improves.")
+
+
+# -- diagnostics (applied by diagnostics revision) -----------------------------------------------------
+def divergence_gate_code(component: str, rise: float = 0.02) -> tuple[str, str]:
+    """A harness analyzer gating one reward column that rises while `correct` does not: (path, source)."""
+    col = component if component == "reward" else f"reward_{component}"
+    aid = f"divergence_gate_{component}"
+    src = f'''"""Divergence gate for {col}, written by diagnostics revision: a candidate's train reward rose while
+sealed dev did not, and no gate fired."""
+
+from evotrainer.trainer.diagnostics import Finding, analyzer
+
+
+@analyzer("{aid}", rise={rise})
+def {aid}(r, s, t):
+    """{col} rose by more than `rise` between the first and the last third of steps while the sealed correct
+    rate did not rise: the component is paid for something other than being right."""
+    if "{col}" not in r or r["step"].nunique() < 3:
+        return []
+    lo, hi = r["step"].quantile(1 / 3), r["step"].quantile(2 / 3)
+    first, last = r[r["step"] <= lo], r[r["step"] >= hi]
+    d = float(last["{col}"].mean() - first["{col}"].mean())
+    d_correct = float(last["correct"].mean() - first["correct"].mean())
+    if d <= t["rise"] or d_correct > 0:
+        return []
+    ids = last.loc[~last["correct"].astype(bool), "rollout_id"].head(20).tolist()
+    return [Finding(analyzer="{aid}", metric="{col}_rise", value=d, threshold=t["rise"], severity="critical",
+                    gate=True, message=f"{col} rose {{d:+.3f}} while correct moved {{d_correct:+.3f}}", evidence=ids)]
+'''
+    return f"diagnostics/{aid}.py", src
+
+
+def divergence_gate(files: Files, findings: list[Finding]) -> Change | None:
+    components = [r["name"] for r in _spec(files).get("rewards", []) if r["name"] != "correctness"]
+    culprit = next((c for c in _culprit_components(findings) if c in components), None) or \
+        (components[0] if components else "reward")
+    path, src = divergence_gate_code(culprit)
+    if path in files:
+        return None
+    return Change({path: src}, f"add a divergence gate on {culprit}",
+                  f"If {culprit} is gated against the sealed grade, a candidate whose train reward rises without dev "
+                  "is blocked before promotion.", ExpectedEffect(metric="missed_gates", direction="down", size=1))
+
+
+def tighten_truncation(files: Files, findings: list[Finding]) -> Change | None:
+    t = (_spec(files).get("analyzers") or {}).get("truncation") or {"warning": 0.05, "critical": 0.10}
+    if t.get("warning", 0.05) <= 0.02:
+        return None
+    new = {"warning": round(t.get("warning", 0.05) / 2, 4), "critical": round(t.get("critical", 0.10) / 2, 4)}
+    return Change({"harness.yaml": set_threshold(files["harness.yaml"], "truncation", new)},
+                  f"tighten the truncation thresholds to {new}",
+                  "If truncation is flagged earlier, a length problem is found before it costs gradient.",
+                  ExpectedEffect(metric="missed_findings", direction="down", size=1))
+
+
+CATALOG: dict[str, Transform] = {t.id: t for t in [
+    Transform("drop_dead_groups", "filters.group_filters", "filters", "drop zero-variance groups (dynamic sampling)",
+              {"dead_groups": 1.0, "reward_spread": 0.4}, 0.0, drop_dead_groups),
+    Transform("curriculum_drop_unsolved", "filters.curriculum", "filters", "leave out never-solved levels",
+              {"solve_rate_by_difficulty": 1.0, "dead_groups": 0.3}, 0.0, curriculum_drop_unsolved),
+    Transform("format_weight", "reward.format_weight", "reward", "raise the format reward weight",
+              {"format_failures": 1.0}, 0.0, format_weight),
+    Transform("partial_credit", "reward.partial_credit", "reward", "guarded partial credit for near misses",
+              {"reward_spread": 1.0, "dead_groups": 0.6}, 0.05, partial_credit),
+    Transform("remove_component", "reward.components", "reward", "remove a dominating or diverging component",
+              {"component_dominance": 1.0, "shaped_vs_sealed": 1.2}, 0.0, remove_component),
+    Transform("soft_overlong", "reward.overlong", "reward", "soft overlong punishment",
+              {"truncation": 1.0, "length_reward_correlation": 0.5}, 0.0, soft_overlong),
+    Transform("clip_higher", "recipe.epsilon_high", "recipe", "raise the upper clip bound",
+              {"logprob_collapse": 1.0, "optimizer_health": 0.3}, 0.1, clip_higher),
+    Transform("loss_type", "recipe.loss_type", "recipe", "change the loss aggregation",
+              {"length_reward_correlation": 1.0}, 0.05, loss_type),
+    Transform("more_generations", "recipe.num_generations", "recipe", "more completions per prompt",
+              {"dead_groups": 0.8, "reward_spread": 0.3}, 0.1, more_generations),
+    Transform("temperature", "recipe.temperature", "recipe", "raise the sampling temperature",
+              {"dead_groups": 0.5, "logprob_collapse": 1.0}, 0.1, temperature),
+    Transform("longer_limit", "recipe.max_completion_length", "recipe", "raise the completion-length limit",
+              {"truncation": 1.2}, 0.0, longer_limit),
+    Transform("learning_rate", "recipe.learning_rate", "recipe", "raise the learning rate",
+              {}, 0.3, learning_rate),
+    Transform("kl_coefficient", "recipe.beta", "recipe", "add or raise the KL penalty",
+              {"optimizer_health": 1.0, "logprob_collapse": 0.5}, 0.0, kl_coefficient),
+    Transform("mask_truncated", "recipe.mask_truncated_completions", "recipe", "toggle masking of truncated ones",
+              {"truncation": 0.6}, 0.0, mask_truncated),
+    Transform("scale_rewards", "recipe.scale_rewards", "recipe", "change the advantage normalisation",
+              {"reward_spread": 0.8}, 0.02, scale_rewards),
+    Transform("divergence_gate", "diagnostics.gate", "diagnostics", "gate a reward component against correct",
+              {"shaped_vs_sealed": 1.0}, 0.0, divergence_gate),
+    Transform("tighten_truncation", "diagnostics.threshold", "diagnostics", "tighten the truncation thresholds",
+              {"truncation": 1.0}, 0.0, tighten_truncation),
+]}
+
+
+def apply(transform_id: str, files: Files, findings: list[Finding]) -> Change | None:
+    """The transform's change to `files`, or None when its precondition does not hold or the text is not laid
+    out as the edit expects."""
+    try:
+        return CATALOG[transform_id].make(files, findings)
+    except (EditError, KeyError, ValueError):
+        return None

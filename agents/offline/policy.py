@@ -1,0 +1,130 @@
+"""The offline meta-policy: deterministic rules over findings, the transform catalog, skill memory.
+
+The embedded default when no meta-LLM is configured, and labelled as rule-based everywhere it writes.
+- Diagnoser: the findings ranked by severity (gates first), each a bottleneck citing its rollouts.
+- Planner: every catalog transform whose precondition holds, scored by how strongly the fired findings call
+  for it; a positive skill for the transform (retrieved for a similar diagnosis) ranks it ahead of untried
+  ones, a negative skill recorded under the same diagnosis removes it, a negative one under another
+  diagnosis lowers it. Factors already tried on the current champion are skipped.
+- Coder: the transform's files, written whole.
+- Critic: the promotion rule alone (`agents/critic.py`).
+- Diagnostics revision: a divergence gate for the component whose reward rose without dev.
+"""
+
+from __future__ import annotations
+
+from evotrainer.agents.offline.catalog import CATALOG, Change, apply, divergence_gate_code
+from evotrainer.agents.schemas import (
+    Bottleneck,
+    CodeInput,
+    CodeResult,
+    DiagnoseInput,
+    Diagnosis,
+    Edit,
+    Intervention,
+    Plan,
+    PlanInput,
+    Verdict,
+)
+from evotrainer.memory.distill import MERGE_SIMILARITY
+from evotrainer.trainer.backtest import BacktestResult
+from evotrainer.trainer.diagnostics import Finding
+
+LABEL = "offline rule-based meta-policy"
+SEVERITY_WEIGHT = {"critical": 2.0, "warning": 1.0, "info": 0.3}
+_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def finding_id(f: Finding) -> str:
+    return f"{f.analyzer}:{f.metric}"
+
+
+class OfflinePolicy:
+    label = LABEL
+
+    def diagnose(self, inp: DiagnoseInput) -> Diagnosis:
+        findings = sorted(inp.report.findings, key=lambda f: (not f.gate, _ORDER[f.severity], -abs(f.value)))
+        bottlenecks = [Bottleneck(title=f.message, findings=[finding_id(f)], severity=f.severity,
+                                  evidence=f.evidence[:5],
+                                  explanation=f"{f.analyzer} {f.metric} = {f.value:.3f}"
+                                              + (f" (threshold {f.threshold:g})" if f.threshold is not None else "")
+                                              + (": a failed gate" if f.gate else ""))
+                       for f in findings]
+        severe = [b for b in bottlenecks if b.severity != "info"]
+        if severe:
+            summary = "; ".join(b.title for b in severe[:3])
+        else:
+            s = inp.report.summary
+            summary = (f"no analyzer reports a problem: reward {s.get('reward_mean', 0):.3f}, correct rate "
+                       f"{s.get('correct_rate', 0):.3f}, dead groups {s.get('dead_group_ratio', 0):.0%}; the "
+                       "limit is the size of the updates or the data")
+        return Diagnosis(generation=inp.generation, summary=summary, bottlenecks=bottlenecks, author=LABEL)
+
+    def plan(self, inp: PlanInput) -> Plan:
+        analyzers = {f.analyzer for f in inp.findings if f.severity != "info"}
+        scored, notes = [], []
+        for t in CATALOG.values():
+            if t.kind == "diagnostics" or t.factor in inp.tried:
+                continue
+            change = apply(t.id, inp.files, inp.findings)
+            if change is None:
+                continue
+            relevant = [f for f in inp.findings if f.analyzer in t.relevance]
+            strongest: dict[str, float] = {}  # per analyzer: one analyzer firing on five levels is one reason
+            for f in relevant:
+                w = t.relevance[f.analyzer] * SEVERITY_WEIGHT[f.severity] * (1.5 if f.gate else 1.0)
+                strongest[f.analyzer] = max(strongest.get(f.analyzer, 0.0), w)
+            score = t.prior + sum(strongest.values())
+            proven, sources, excluded = False, [finding_id(f) for f in relevant], False
+            for hit in inp.skills:
+                sk = hit.skill
+                if sk.transform != t.id:
+                    continue
+                same = (bool(analyzers) and set(sk.trigger.analyzers) == analyzers) or \
+                    hit.score >= min(MERGE_SIMILARITY.values())
+                if sk.outcome == "positive":
+                    proven = True
+                    score += hit.score
+                elif same:
+                    excluded = True
+                    notes.append(f"{t.id} skipped: skill {sk.id} recorded it as negative under this diagnosis")
+                else:
+                    score -= 0.5 * max(hit.score, 0.0)
+                sources.append(sk.id)
+            if excluded or (score <= 0 and not proven):
+                continue
+            scored.append(((proven, score), t, change, sources))
+        scored.sort(key=lambda x: x[0], reverse=True)
+        interventions = [self._intervention(inp.generation, t, change, sources)
+                         for _, t, change, sources in scored[:inp.k]]
+        ranking = ", ".join(f"{t.id} {s:.2f}{' (proven)' if p else ''}" for (p, s), t, _, _ in scored)
+        return Plan(interventions=interventions, author=LABEL,
+                    rationale=f"ranked by findings and skills: {ranking or 'nothing applicable'}"
+                              + ("; " + "; ".join(notes) if notes else ""))
+
+    @staticmethod
+    def _intervention(generation: int, t, change: Change, sources: list[str]) -> Intervention:
+        return Intervention(id=f"g{generation}-{t.id}", hypothesis=change.hypothesis, factor=t.factor,
+                            change=change.change, target_files=sorted(change.files), expected=change.expected,
+                            transform=t.id, sources=sources)
+
+    def code(self, inp: CodeInput) -> CodeResult:
+        """The transform's edit as whole files. Deterministic: a repair round cannot change it, so a failing
+        transform fails the same way and the candidate is rejected with the validation error."""
+        tid = inp.intervention.transform
+        change = apply(tid, inp.files, inp.findings) if tid in CATALOG else None
+        if change is None:
+            raise ValueError(f"transform {tid!r} does not apply to this harness")
+        return CodeResult(edits=[Edit(path=p, replace=text) for p, text in sorted(change.files.items())],
+                          message=f"{inp.intervention.change} [{LABEL}]")
+
+    def critique(self, verdict: Verdict, intervention: Intervention, backtest: BacktestResult | None) -> Verdict:
+        """The promotion rule's verdict as it stands: the offline Critic is the rule."""
+        return verdict
+
+    def revision(self, files: dict[str, str], culprit: str) -> Change:
+        """Diagnostics revision: a divergence gate on the component whose reward rose without dev."""
+        path, src = divergence_gate_code(culprit)
+        return Change({path: src}, f"add a divergence gate on {culprit}",
+                      f"If {culprit} is gated against the sealed grade, a candidate whose train reward rises without "
+                      "dev is blocked before promotion.")

@@ -1,0 +1,171 @@
+"""The LangGraph state machine of DESIGN §1, and `run` / `resume` over it.
+
+    train -> diagnose -> plan -> implement -> backtest -> critique -> promote -> [revise_diagnostics] -> distill
+      ^                                                                                                    |
+      +---------------------------------------- next generation (budget left) ----------------------------+
+
+Diagnostics revision runs after promote so that the branch that asked for it is already judged (tagged)
+when the new analyzer is validated on history. The checkpointer is `SqliteSaver` on `graph.sqlite` with
+synchronous durability: every completed node is on disk before the next starts, so a killed run resumes
+at the node it was in.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from pydantic import BaseModel
+
+from evotrainer.agents.schemas import Bottleneck, ExpectedEffect
+from evotrainer.errors import UserError
+from evotrainer.files import atomic_write_text
+from evotrainer.graph.events import EventLog
+from evotrainer.graph.nodes import Loop
+from evotrainer.graph.state import SERIALIZED, LoopState
+from evotrainer.memory.store import SkillStore
+from evotrainer.workspaces.run import RunWorkspace
+
+THREAD = {"configurable": {"thread_id": "evotrainer"}}
+NODES = ("train", "diagnose", "plan", "implement", "backtest", "critique", "promote", "revise_diagnostics",
+         "distill")
+
+
+def build(loop: Loop, checkpointer) -> object:
+    """The compiled graph: every edge of the loop is here."""
+    g = StateGraph(LoopState)
+    for name in NODES:
+        g.add_node(name, loop.node(name, getattr(loop, name)))
+    g.add_edge(START, "train")
+    for a, b in zip(NODES[:6], NODES[1:7]):  # train -> ... -> promote
+        g.add_edge(a, b)
+    g.add_conditional_edges("promote", lambda s: "revise_diagnostics" if s.revise else "distill",
+                            ["revise_diagnostics", "distill"])
+    g.add_edge("revise_diagnostics", "distill")
+    g.add_conditional_edges("distill", lambda s: END if loop.stop_reason(s) else "train", ["train", END])
+    return g.compile(checkpointer=checkpointer)
+
+
+def checkpointer(path: Path) -> SqliteSaver:
+    serde = JsonPlusSerializer(allowed_msgpack_modules=[*SERIALIZED, Bottleneck, ExpectedEffect])
+    return SqliteSaver(sqlite3.connect(str(path), check_same_thread=False), serde=serde)
+
+
+class RunSummary(BaseModel):
+    run: str
+    meta_policy: str
+    finished: bool
+    stop_reason: str
+    generations: int
+    dev_start: float | None
+    dev_final: float | None
+    promoted: list[str]
+    rejected: list[str]
+    candidates: int
+    steps_used: int
+    seconds_used: float
+    llm_dollars: float
+    skills: int
+    history: list[dict]
+
+    def markdown(self) -> str:
+        lines = [f"# Run {self.run}", "",
+                 f"Meta-policy: {self.meta_policy}. {'Finished' if self.finished else 'Stopped'}: {self.stop_reason}.",
+                 f"Dev accuracy {self.dev_start} -> {self.dev_final}; {self.candidates} candidates, "
+                 f"{len(self.promoted)} promoted; {self.steps_used} GRPO steps, {self.seconds_used:.0f} s, "
+                 f"${self.llm_dollars:.2f} of meta-LLM.", "",
+                 "| gen | champion | dev after train | dev at end | promoted | revised |", "|---|---|---|---|---|---|"]
+        for h in self.history:
+            lines.append(f"| {h['generation']} | {h['champion_commit'][:8]} | {h['dev_trained']} | "
+                         f"{h['dev_accuracy']} | {h['promoted'] or '-'} | {h['revised'] or '-'} |")
+        if self.rejected:
+            lines += ["", "Rejected:", *[f"- {r}" for r in self.rejected]]
+        return "\n".join(lines) + "\n"
+
+
+def summarize(ws: RunWorkspace, state: LoopState, meta_label: str, finished: bool, stop: str,
+              skills: int) -> RunSummary:
+    hist = state.history
+    return RunSummary(
+        run=str(ws.path), meta_policy=meta_label, finished=finished, stop_reason=stop, generations=len(hist),
+        dev_start=state.dev_start, dev_final=hist[-1].dev_accuracy if hist else state.dev_trained,
+        promoted=[h.promoted for h in hist if h.promoted], rejected=[r for h in hist for r in h.rejected],
+        candidates=sum(len(h.candidates) for h in hist), steps_used=state.steps_used,
+        seconds_used=state.seconds_used, llm_dollars=state.llm_dollars, skills=skills,
+        history=[h.model_dump() for h in hist])
+
+
+def clean_worktrees(ws: RunWorkspace) -> list[str]:
+    """Remove worktrees of branches already judged or gone (left by a kill between a verdict and its cleanup)."""
+    repo = ws.harness
+    open_branches = {r.branch for r in repo.lineage() if r.status == "open"}
+    repo._git("worktree", "prune")
+    removed = []
+    root = ws.path / "worktrees"
+    for d in sorted(root.iterdir()) if root.is_dir() else []:
+        branch = d.name.replace("--", "/", 1)
+        if branch not in open_branches:
+            try:
+                repo._git("worktree", "remove", "--force", str(d))
+            except Exception:
+                shutil.rmtree(d, ignore_errors=True)
+            removed.append(branch)
+    repo._git("worktree", "prune")
+    return removed
+
+
+def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
+          status: Callable[[str], None] | None = None) -> RunSummary:
+    """Run the loop from its start (`fresh`) or from the last completed node, under the run's lock."""
+    cfg = ws.config()
+    events = EventLog(ws.path / "events.jsonl")
+    store = SkillStore(cfg.skills) if cfg.skills else SkillStore()
+    with ws.lock():
+        removed = clean_worktrees(ws)
+        events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed)
+        loop = Loop(ws, meta, store, events, feed=feed, status=status)
+        saver = checkpointer(ws.path / "graph.sqlite")
+        try:
+            graph = build(loop, saver)
+            config = {**THREAD, "recursion_limit": 12 * cfg.budget.generations + 20}
+            snapshot = graph.get_state(THREAD)
+            if fresh and snapshot.values:
+                raise UserError(f"run {ws.path} has already started: continue it with `evotrainer resume {ws.path}`")
+            if not fresh and not snapshot.values:
+                raise UserError(f"run {ws.path} has no checkpoint to resume from: start it with `evotrainer run`")
+            started = time.time()
+            if fresh or snapshot.next:
+                graph.invoke(LoopState() if fresh else None, config, durability="sync")
+            snapshot = graph.get_state(THREAD)
+        finally:
+            saver.conn.close()
+        state = LoopState.model_validate(snapshot.values)
+        finished = not snapshot.next
+        stop = loop.stop_reason(state) if finished else "interrupted"
+        summary = summarize(ws, state, meta.label, finished, stop, len(store))
+        atomic_write_text(ws.path / "reports" / "summary.json", summary.model_dump_json(indent=2))
+        atomic_write_text(ws.path / "reports" / "summary.md", summary.markdown())
+        events.emit("run_end", stop_reason=stop, seconds=round(time.time() - started, 1))
+        return summary
+
+
+def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
+             skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None
+             ) -> RunWorkspace:
+    """The run at `directory`: created with these settings when new; an existing run must not be restarted."""
+    if (directory / "run.yaml").is_file():
+        raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
+                        "choose a new directory")
+    if checkpoint and not (Path(checkpoint) / "config.json").is_file():
+        raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
+    return RunWorkspace.create(directory, domain, seed=seed,
+                               budget=budget,
+                               meta_llm=meta_llm, api_base=api_base, skills=skills,
+                               checkpoint=str(Path(checkpoint).resolve()) if checkpoint else None,
+                               loop=loop_overrides or {})

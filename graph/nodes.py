@@ -1,0 +1,422 @@
+"""The nodes of one generation (DESIGN §1), as plain functions from the state to a partial update.
+
+`Loop` holds what nodes share but the state does not (the run workspace, the meta-policy, the skill store,
+the event log, the progress display). Every node is safe to re-enter after a kill: training resumes from its
+TRL checkpoint, short-run arms and backtest reports are reused when present, a candidate branch left without
+a commit is discarded and recreated, verdicts already tagged are not re-applied, distillation skips what it
+has already recorded.
+
+Rollout text reaches agents only inside `Sample` objects, quoted as data.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from evotrainer.agents.coder import EditFailed, apply_edits
+from evotrainer.agents.critic import PromotionRule, choose, judge
+from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample
+from evotrainer.errors import UserError
+from evotrainer.files import atomic_write_text
+from evotrainer.graph.events import EventLog
+from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
+from evotrainer.memory.distill import distill, trigger_of
+from evotrainer.memory.store import SkillStore
+from evotrainer.trainer import jobs
+from evotrainer.trainer.backtest import BacktestResult, ShortRunConfig, backtest
+from evotrainer.trainer.evidence import branch_dir, read_rollouts
+from evotrainer.workspaces.run import RunConfig, RunWorkspace
+
+HARNESS_GLOBS = ("harness.yaml", "rewards.py", "filters.py", "env.py", "diagnostics/*.py")
+SAMPLES = 6
+
+
+def harness_files(directory: Path) -> dict[str, str]:
+    """The harness files an agent may read and edit, by relative path."""
+    out = {}
+    for pattern in HARNESS_GLOBS:
+        for p in sorted(directory.glob(pattern)):
+            out[str(p.relative_to(directory))] = p.read_text()
+    return out
+
+
+class Loop:
+    def __init__(self, ws: RunWorkspace, meta, store: SkillStore, events: EventLog,
+                 feed: Callable[[str], Callable[[dict], None]] | None = None,
+                 status: Callable[[str], None] | None = None):
+        self.ws, self.cfg, self.meta, self.store, self.events = ws, ws.config(), meta, store, events
+        self.feed = feed or (lambda label: (lambda event: None))
+        self.status = status or (lambda text: None)
+        self.rule = PromotionRule(min_ci_low=self.cfg.loop.min_ci_low, max_promotions=self.cfg.loop.max_promotions)
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def node(self, name: str, fn: Callable[[LoopState], dict]) -> Callable[[LoopState], dict]:
+        """`fn` with start/end events and its wall time added to the state's budget."""
+        def run(state: LoopState) -> dict:
+            g = state.generation
+            self.status(f"generation {g}: {name}")
+            self.events.emit("start", node=name, generation=g)
+            started = time.time()
+            update = fn(state)
+            seconds = round(time.time() - started, 2)
+            self.events.emit("end", node=name, generation=g, seconds=seconds)
+            return {**update, "seconds_used": round(state.seconds_used + seconds, 2),
+                    "llm_dollars": self.meta_dollars(state)}
+        run.__name__ = name
+        return run
+
+    def meta_dollars(self, state: LoopState) -> float:
+        return float(getattr(self.meta, "dollars", 0.0)) or state.llm_dollars
+
+    @property
+    def config(self) -> RunConfig:
+        return self.cfg
+
+    def champion_dir(self) -> Path:
+        """A snapshot of the champion harness (training and agents read it; nobody edits it)."""
+        repo = self.ws.harness
+        commit = repo.head("main")
+        return repo.export(commit, self.ws.path / "backtests" / "harness" / commit[:12])
+
+    def short_cfg(self) -> ShortRunConfig:
+        lc = self.cfg.loop
+        return ShortRunConfig(steps=lc.backtest_steps, seeds=lc.seeds, max_seeds=max(lc.max_seeds, lc.seeds),
+                              dev_items=lc.dev_items)
+
+    def _evaluate(self, checkpoint: Path, out: Path) -> float:
+        return jobs.evaluate(checkpoint, self.cfg.domain, "dev", out, k=0, limit=self.cfg.loop.dev_items,
+                             seed=self.cfg.seed, expected_fingerprint=self.cfg.fingerprint).accuracy
+
+    # -- train ---------------------------------------------------------------------------------
+    def train(self, state: LoopState) -> dict:
+        """The champion harness trains the champion policy; its rollouts are the evidence of generation g-1."""
+        from evotrainer.trainer.grpo import TrainSpec
+
+        g, ws = state.generation, self.ws
+        start = Path(state.checkpoint) if state.checkpoint else ws.champion_checkpoint()
+        if start is None:
+            start = Path(self.cfg.checkpoint) if self.cfg.checkpoint else jobs.warm_policy(
+                self.cfg.domain, self.cfg.seed, ws.path, on_progress=self.feed("warm-up (SFT, cached)"))
+        champ = self.champion_dir()
+        out = ws.path / "checkpoints" / f"g{g}-train"
+        spec = TrainSpec(domain=self.cfg.domain, checkpoint=str(start), harness_dir=str(champ),
+                         steps=self.cfg.loop.train_steps, seed=self.cfg.seed + g, out_dir=str(out),
+                         checkpoint_id="policy", checkpoints_dir=str(out / "checkpoints"),
+                         evidence_dir=str(ws.path / "evidence"), run=ws.path.name, generation=g - 1, branch="main",
+                         harness_commit=ws.harness.head("main"), result_path=str(out / "specs" / "train.result.json"))
+        before: dict = {}
+        thread = None
+        if state.dev_start is None:  # the starting policy's score, side by side with training (one core each)
+            def eval_start() -> None:
+                try:
+                    before["dev"] = self._evaluate(start, ws.path)
+                except UserError as e:
+                    before["error"] = e
+            thread = threading.Thread(target=eval_start)
+            thread.start()
+        try:
+            ckpt = out / "checkpoints" / "policy"
+            if not (ckpt / "meta.json").is_file():
+                jobs.train(spec, out, on_progress=self.feed(f"g{g} train champion"))
+        finally:
+            if thread:
+                thread.join()
+        if "error" in before:
+            raise before["error"]
+        dev = self._evaluate(ckpt, out)
+        ws.set_champion(ckpt, g)
+        return {"checkpoint": str(ckpt), "dev_start": before.get("dev", state.dev_start), "dev_trained": dev,
+                "steps_used": state.steps_used + self.cfg.loop.train_steps}
+
+    # -- diagnose ------------------------------------------------------------------------------
+    def diagnose(self, state: LoopState) -> dict:
+        from evotrainer.trainer.diagnostics.report import health_report, write_report
+
+        g, ws = state.generation, self.ws
+        champ = self.champion_dir()
+        report = health_report(ws.path, g - 1, "main", champ, ws.path)
+        write_report(report, ws.path / "reports")
+        rows = read_rollouts(ws.path / "evidence", g - 1, "main").to_pandas()
+
+        def samples(df) -> list[Sample]:
+            return [Sample(rollout_id=r.rollout_id, prompt=r.prompt, completion=r.completion, reward=float(r.reward),
+                           correct=bool(r.correct), truncated=bool(r.truncated)) for r in df.itertuples()]
+        worst = rows.sort_values(["reward", "correct"]).head(SAMPLES)
+        rand = rows.sample(min(SAMPLES, len(rows)), random_state=self.cfg.seed + g)
+        previous = [r for r in (state.diagnosis,) if r is not None]
+        diagnosis = self.meta.diagnose(DiagnoseInput(generation=g, report=report, worst=samples(worst),
+                                                     random=samples(rand), previous=previous))
+        atomic_write_text(ws.path / "reports" / f"diagnosis-g{g}.json", diagnosis.model_dump_json(indent=2))
+        return {"findings": report.findings, "diagnosis": diagnosis}
+
+    # -- plan ----------------------------------------------------------------------------------
+    def lineage(self) -> list[LineageEntry]:
+        out = []
+        for r in self.ws.harness.lineage():
+            verdict = self.ws.path / "reports" / f"verdict-{branch_dir(r.branch)}.json"
+            transform = json.loads(verdict.read_text()).get("transform") if verdict.is_file() else None
+            out.append(LineageEntry(generation=r.generation, branch=r.branch, factor=r.factor, transform=transform,
+                                    status=r.status, effect=r.effect, reason=r.reason))
+        return out
+
+    def plan(self, state: LoopState) -> dict:
+        g, ws = state.generation, self.ws
+        trigger = trigger_of(state.findings, state.diagnosis.summary)
+        hits = self.store.query(trigger.text, k=10, domain=self.cfg.domain, analyzers=trigger.analyzers)
+        head = ws.harness.head("main")
+        tried = sorted({r.factor for r in ws.harness.lineage() if r.parent == head and r.factor})
+        plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
+                                        diagnosis=state.diagnosis, findings=state.findings, skills=hits,
+                                        lineage=self.lineage(), files=harness_files(self.champion_dir()),
+                                        tried=tried))
+        for sid in {s for iv in plan.interventions for s in iv.sources if s.startswith("sk-")}:
+            self.store.record_use(sid)
+        atomic_write_text(ws.path / "reports" / f"plan-g{g}.json", plan.model_dump_json(indent=2))
+        for iv in plan.interventions:
+            self.events.emit("decision", node="plan", generation=g, intervention=iv.id, factor=iv.factor,
+                             transform=iv.transform, hypothesis=iv.hypothesis)
+        return {"plan": plan, "candidates": [CandidateState(intervention=iv) for iv in plan.interventions]}
+
+    # -- implement -----------------------------------------------------------------------------
+    def implement(self, state: LoopState) -> dict:
+        g, ws, repo = state.generation, self.ws, self.ws.harness
+        existing = {r.intervention_id: r for r in repo.lineage() if r.generation == g}
+        for r in repo.lineage():  # left by an interrupted implement: a branch with no commit of its own
+            if r.branch.startswith(f"cand/g{g}-") and not repo.has_own_commit(r.branch):
+                repo.discard(r.branch)
+        files = harness_files(self.champion_dir())
+        out = []
+        for cand in state.candidates:
+            cand = cand.model_copy(deep=True)
+            iv = cand.intervention
+            rec = existing.get(iv.id)
+            if rec and repo.has_own_commit(rec.branch):
+                cand.branch, cand.commit = rec.branch, rec.head
+                out.append(cand)
+                continue
+            branch, tree = repo.create_candidate(g, iv.transform or iv.id, ws.path / "worktrees")
+            self.status(f"generation {g}: implement {branch}")
+            error = ""
+            for attempt in range(self.cfg.loop.repair_rounds + 1):
+                cand.attempts = attempt + 1
+                repo.reset_worktree(tree)
+                try:
+                    result = self.meta.code(CodeInput(intervention=iv, files=files, findings=state.findings,
+                                                      error=error, attempt=attempt))
+                    changed = apply_edits(files, result.edits)
+                    repo.write_files(tree, changed)
+                except (EditFailed, UserError, ValueError) as e:
+                    error = str(e)
+                    self.events.emit("repair", node="implement", generation=g, branch=branch, attempt=attempt,
+                                     error=error)
+                    continue
+                problems = jobs.validate_harness(tree, ws.path, label=f"candidate {branch}")
+                if problems:
+                    error = problems[0]
+                    self.events.emit("repair", node="implement", generation=g, branch=branch, attempt=attempt,
+                                     error=error)
+                    continue
+                cand.commit = repo.commit(tree, result.message, intervention_id=iv.id, hypothesis=iv.hypothesis,
+                                          factor=iv.factor, generation=g)
+                cand.branch, error = branch, ""
+                break
+            if not cand.commit:
+                cand.error = f"not implemented after {cand.attempts} attempts: {error}"
+                repo.discard(branch)
+            out.append(cand)
+        return {"candidates": out}
+
+    # -- backtest ------------------------------------------------------------------------------
+    def backtest(self, state: LoopState) -> dict:
+        """Replay first (cheap: a candidate that fails a replay gate gets no short run), then the short runs."""
+        g, ws = state.generation, self.ws
+        cfg = self.short_cfg()
+        out, steps = [], state.steps_used
+        control_seeds: set[int] = set()
+        for cand in state.candidates:
+            cand = cand.model_copy(deep=True)
+            if not cand.commit:
+                out.append(cand)
+                continue
+            path = ws.path / "reports" / f"backtest-{branch_dir(cand.branch)}.json"
+            result = None
+            if path.is_file():
+                result = BacktestResult.model_validate_json(path.read_text())
+                if result.commit != cand.commit:
+                    result = None
+            if result is None:
+                self.status(f"generation {g}: backtest {cand.branch}")
+                try:
+                    result = backtest(ws.path, cand.branch, replay_only=True, write=False)
+                    if not result.failed_gates:
+                        result = backtest(ws.path, cand.branch, cfg=cfg,
+                                          on_progress=lambda label, b=cand.branch: self.feed(f"g{g} {b} {label}"))
+                    else:
+                        path.parent.mkdir(parents=True, exist_ok=True)
+                        atomic_write_text(path.with_suffix(".md"), result.markdown())
+                        atomic_write_text(path, result.model_dump_json(indent=2))
+                except UserError as e:
+                    cand.error = f"backtest failed: {e}"
+                    out.append(cand)
+                    continue
+            if result.short_run:
+                s = result.short_run
+                steps += len(s.seeds) * s.steps  # the candidate's arms; the shared control's below
+                control_seeds |= set(s.seeds)
+            cand.backtest = str(path)
+            out.append(cand)
+        steps += len(control_seeds) * cfg.steps
+        return {"candidates": out, "steps_used": steps}
+
+    # -- critique ------------------------------------------------------------------------------
+    def critique(self, state: LoopState) -> dict:
+        g, ws = state.generation, self.ws
+        verdicts = []
+        for cand in state.candidates:
+            bt = BacktestResult.model_validate_json(Path(cand.backtest).read_text()) if cand.backtest else None
+            v = judge(cand.intervention, bt, self.rule, cand.error)
+            v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
+            verdicts.append(self.meta.critique(v, cand.intervention, bt))
+        verdicts = choose(verdicts, self.rule)
+        out = []
+        for cand, v in zip(state.candidates, verdicts):
+            cand = cand.model_copy(update={"verdict": v})
+            out.append(cand)
+            if cand.branch:
+                record = {**v.model_dump(), "intervention": cand.intervention.model_dump(),
+                          "transform": cand.intervention.transform, "author": self.meta.label}
+                atomic_write_text(ws.path / "reports" / f"verdict-{branch_dir(cand.branch)}.json",
+                                  json.dumps(record, indent=2))
+            self.events.emit("decision", node="critique", generation=g, branch=v.branch, decision=v.decision,
+                             reasons=v.reasons)
+        return {"candidates": out, "revise": [c.branch for c in out if c.verdict.decision == "revise"]}
+
+    # -- promote -------------------------------------------------------------------------------
+    def promote(self, state: LoopState) -> dict:
+        g, ws, repo = state.generation, self.ws, self.ws.harness
+        status = {r.branch: r.status for r in repo.lineage()}
+        checkpoint = state.checkpoint
+        for cand in state.candidates:
+            v = cand.verdict
+            if v.decision == "promote":
+                checkpoint = self._promoted_checkpoint(cand) or checkpoint
+            if not cand.branch or status.get(cand.branch) != "open":
+                continue  # never committed, or already tagged before an interruption
+            info = {"effect": v.effect, "ci_low": v.ci_low, "ci_high": v.ci_high, "reason": "; ".join(v.reasons),
+                    "decision": v.decision}
+            if v.decision == "promote":
+                repo.promote(cand.branch, g, info)
+            else:
+                repo.reject(cand.branch, g, "; ".join(v.reasons) or v.decision, info)
+            self.events.emit("decision", node="promote", generation=g, branch=cand.branch, decision=v.decision)
+        if checkpoint != state.checkpoint:
+            ws.set_champion(checkpoint, g)
+        return {"checkpoint": checkpoint}
+
+    @staticmethod
+    def _promoted_checkpoint(cand: CandidateState) -> str | None:
+        """The policy advances with the harness: the promoted candidate's first-seed short-run checkpoint."""
+        bt = BacktestResult.model_validate_json(Path(cand.backtest).read_text())
+        arms = [a for a in bt.short_run.arms if a.role == "candidate"] if bt.short_run else []
+        return min(arms, key=lambda a: a.seed).checkpoint if arms else None
+
+    # -- revise diagnostics --------------------------------------------------------------------
+    def revise_diagnostics(self, state: LoopState) -> dict:
+        """A new divergence gate for the component that rose without dev, kept only if history agrees."""
+        from evotrainer.trainer.diagnostics.history import validate_on_history
+
+        g, ws = state.generation, self.ws
+        branch = state.revise[0]
+        cand = next(c for c in state.candidates if c.branch == branch)
+        culprit = self._culprit(cand, g)
+        change = self.meta.revision(harness_files(self.champion_dir()), culprit)
+        path = next(iter(change.files))
+        aid = Path(path).stem
+        if (ws.path / "harness" / path).is_file():
+            return {"revised": aid}
+        trial = ws.path / "backtests" / f"revision-g{g}"
+        trial.mkdir(parents=True, exist_ok=True)
+        for rel, text in {**harness_files(self.champion_dir()), **change.files}.items():
+            atomic_write_text(trial / rel, text)
+        try:
+            val = validate_on_history(ws.path, trial, [aid])
+        except UserError as e:
+            self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=aid, committed=False,
+                             reason=str(e))
+            return {"revised": None}
+        flags = {s.branch: s.flagged for s in val.slices}
+        keep = flags.get(branch, False) and val.false_alarms == 0
+        atomic_write_text(ws.path / "reports" / f"revision-g{g}.json", json.dumps(
+            {"analyzer": aid, "culprit": culprit, "branch": branch, "committed": keep, **val.model_dump()}, indent=2))
+        self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=aid, committed=keep,
+                         recall=val.recall, false_alarms=val.false_alarms)
+        if not keep:
+            return {"revised": None}
+        ws.harness.commit_champion(change.files, f"Diagnostics revision: {change.change} (missed by every analyzer "
+                                                 f"on {branch}; validated on history: recall {val.recall})")
+        return {"revised": aid}
+
+    def _culprit(self, cand: CandidateState, g: int) -> str:
+        """The reward column that rose most in the candidate's short run over its control's."""
+        ev = self.ws.path / "evidence"
+        mine = read_rollouts(ev, g, cand.branch, cand.commit[:8]).to_pandas()
+        ctrl = read_rollouts(ev, g, "control").to_pandas()
+        cols = [c for c in mine.columns if c.startswith("reward_") and c != "reward_correctness" and c in ctrl]
+        if not cols or mine.empty or ctrl.empty:
+            return "reward"
+        rise = {c: float(mine[c].mean() - ctrl[c].mean()) for c in cols}
+        best = max(rise, key=rise.get)
+        return best.removeprefix("reward_") if rise[best] > 0 else "reward"
+
+    # -- distill -------------------------------------------------------------------------------
+    def distill(self, state: LoopState) -> dict:
+        g, ws = state.generation, self.ws
+        for cand in state.candidates:
+            v = cand.verdict
+            if not cand.backtest:
+                continue  # never measured: no lesson about the harness, only about the edit
+            bt = BacktestResult.model_validate_json(Path(cand.backtest).read_text())
+            skill, merged = distill(self.store, cand.intervention, v, self.cfg.domain, findings=state.findings,
+                                    diagnosis=state.diagnosis.summary if state.diagnosis else "", backtest=bt,
+                                    run=ws.path.name, generation=g, commit=cand.commit)
+            outcome = "positive" if v.decision == "promote" else "negative"
+            for sid in (s for s in cand.intervention.sources if s.startswith("sk-")):
+                try:
+                    self.store.record_outcome_after_use(sid, outcome)
+                except UserError:
+                    pass  # the skill was removed from the store meanwhile
+            self.events.emit("distill", node="distill", generation=g, skill=skill.id, merged=merged,
+                             outcome=skill.outcome, factor=skill.factor)
+        promoted = next((c.branch for c in state.candidates if c.verdict and c.verdict.decision == "promote"), None)
+        dev_end = state.dev_trained
+        if promoted:
+            bt = BacktestResult.model_validate_json(Path(next(c for c in state.candidates
+                                                              if c.branch == promoted).backtest).read_text())
+            arms = [a for a in bt.short_run.arms if a.role == "candidate"]
+            dev_end = min(arms, key=lambda a: a.seed).dev_accuracy
+        record = GenerationRecord(
+            generation=g, champion_commit=ws.harness.head("main"), checkpoint=state.checkpoint,
+            dev_trained=state.dev_trained, dev_accuracy=dev_end, promoted=promoted,
+            candidates=[c.branch or c.intervention.id for c in state.candidates],
+            rejected=[f"{c.branch or c.intervention.id}: {'; '.join(c.verdict.reasons)}" for c in state.candidates
+                      if c.verdict and c.verdict.decision != "promote"],
+            revised=state.revised)
+        return {"history": [*state.history, record], "generation": g + 1, "findings": [], "plan": None,
+                "candidates": [], "revise": [], "revised": None}
+
+    # -- routing -------------------------------------------------------------------------------
+    def stop_reason(self, state: LoopState) -> str:
+        b = self.cfg.budget
+        if state.generation > b.generations:
+            return f"{b.generations} generations done"
+        if b.train_steps is not None and state.steps_used >= b.train_steps:
+            return f"training-step budget spent ({state.steps_used} of {b.train_steps})"
+        if b.wall_clock_s is not None and state.seconds_used >= b.wall_clock_s:
+            return f"wall-clock budget spent ({state.seconds_used:.0f} s of {b.wall_clock_s:.0f} s)"
+        if b.llm_dollars is not None and state.llm_dollars >= b.llm_dollars:
+            return f"meta-LLM budget spent (${state.llm_dollars:.2f} of ${b.llm_dollars:.2f})"
+        return ""

@@ -1,0 +1,176 @@
+"""The offline meta-policy and the parts every meta-policy shares: catalog transforms (validated in the sandbox),
+comment-preserving edits, the Coder's edit application, the promotion rule, skill-shaped planning."""
+
+from __future__ import annotations
+
+import pytest
+
+from evotrainer.agents.coder import EditFailed, apply_edits
+from evotrainer.agents.critic import PromotionRule, choose, judge, merge_llm_verdict
+from evotrainer.agents.offline.catalog import CATALOG, apply
+from evotrainer.agents.offline.edits import EditError, remove_reward, set_knob, set_threshold
+from evotrainer.agents.offline.policy import OfflinePolicy
+from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, PlanInput, Verdict
+from evotrainer.memory.distill import distill, trigger_of
+from evotrainer.memory.store import SkillStore
+from evotrainer.trainer import jobs
+from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult, ShortRunResult
+from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.harness import load_spec
+from evotrainer.workspaces import TEMPLATES
+
+TEMPLATE = {p: (TEMPLATES / "math" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py")}
+
+
+def F(analyzer: str, metric: str, value: float, severity: str = "warning", message: str = "", gate: bool = False):
+    return Finding(analyzer=analyzer, metric=metric, value=value, severity=severity, message=message or analyzer,
+                   gate=gate)
+
+
+SICK = [F("dead_groups", "dead_group_ratio", 0.6, "critical", "60% of groups have zero reward variance"),
+        F("truncation", "truncated_ratio", 0.2, "critical", "20% of completions truncated"),
+        F("format_failures", "format_failure_ratio", 0.4, message="40% of completions give no readable answer"),
+        F("solve_rate_by_difficulty", "solve_rate_d4", 0.0, message="difficulty 4 is too hard: solve rate 0%"),
+        F("component_dominance", "reward_answer_format_variance_share", 0.9),
+        F("logprob_collapse", "mean_token_logprob", -0.01), F("optimizer_health", "max_kl", 1.0)]
+
+
+def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path):
+    """Each transform's files load (schema) and run (rewards on a real batch, filters, analyzers) in a child."""
+    training = [t for t in CATALOG.values() if t.kind != "diagnostics"]
+    assert len(training) >= 12 and len({t.factor for t in CATALOG.values()}) == len(CATALOG)
+    healthy = {**{t.id: None for t in CATALOG.values()}}
+    for t in CATALOG.values():
+        change = apply(t.id, TEMPLATE, SICK)
+        if t.id == "learning_rate":  # refuses a bigger step while the optimizer is unhealthy
+            assert change is None and apply(t.id, TEMPLATE, []) is not None
+            change = apply(t.id, TEMPLATE, [])
+        assert change is not None, t.id
+        assert change.files and change.hypothesis.startswith("If ") and change.change
+        d = tmp_path / t.id
+        for rel, text in {**TEMPLATE, **change.files}.items():
+            (d / rel).parent.mkdir(parents=True, exist_ok=True)
+            (d / rel).write_text(text)
+        load_spec(d)
+        assert jobs.validate_harness(d, tmp_path) == [], t.id
+        healthy[t.id] = apply(t.id, {**TEMPLATE, **change.files}, SICK)
+    # applying twice is refused where the change is a state (a filter present, a component gone, a reward added)
+    for tid in ("drop_dead_groups", "curriculum_drop_unsolved", "partial_credit", "soft_overlong", "remove_component",
+                "divergence_gate"):
+        assert healthy[tid] is None, tid
+
+
+def test_preconditions_follow_the_findings():
+    assert apply("longer_limit", TEMPLATE, []) is None  # no truncation: nothing to fix
+    assert apply("format_weight", TEMPLATE, []) is None
+    assert apply("curriculum_drop_unsolved", TEMPLATE, []) is None
+    assert apply("remove_component", TEMPLATE, SICK[:1]) is None  # no component named by a finding
+    assert apply("kl_coefficient", TEMPLATE, SICK[:2]) is None
+
+
+def test_edits_keep_comments_and_refuse_unknown_layouts():
+    text = TEMPLATE["harness.yaml"]
+    out = set_knob(text, "temperature", 1.2)
+    assert "temperature: 1.2                # sample from the policy itself" in out
+    assert len(out.splitlines()) == len(text.splitlines())
+    added = set_knob(text, "top_p", 0.9, comment="why")
+    assert load_spec_text(added)["trainer"]["top_p"] == 0.9 and "top_p: 0.9  # why" in added
+    gone = remove_reward(text, "answer_format")
+    assert [r["name"] for r in load_spec_text(gone)["rewards"]] == ["correctness"]
+    assert "# Starting harness" in gone and "filters: []" in gone
+    tight = set_threshold(text, "truncation", {"warning": 0.02, "critical": 0.04})
+    assert load_spec_text(tight)["analyzers"]["truncation"] == {"warning": 0.02, "critical": 0.04}
+    with pytest.raises(EditError):
+        remove_reward(text, "no_such_reward")
+
+
+def load_spec_text(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def test_apply_edits_search_replace_and_errors():
+    files = {"rewards.py": "a = 1\nb = 2\n", "harness.yaml": "x"}
+    assert apply_edits(files, [Edit(path="rewards.py", search="b = 2", replace="b = 3")]) == \
+        {"rewards.py": "a = 1\nb = 3\n"}
+    with pytest.raises(EditFailed, match="not found"):
+        apply_edits(files, [Edit(path="rewards.py", search="c = 1", replace="")])
+    with pytest.raises(EditFailed, match="found 2 times"):
+        apply_edits({"rewards.py": "x\nx\n"}, [Edit(path="rewards.py", search="x", replace="y")])
+    for bad in ("../evil.py", "/etc/passwd", "trainer/domains/math.py", ".git/config"):
+        with pytest.raises(EditFailed, match="outside the harness|not a harness file"):
+            apply_edits(files, [Edit(path=bad, replace="x")])
+    with pytest.raises(EditFailed, match="change nothing"):
+        apply_edits(files, [Edit(path="harness.yaml", replace="x")])
+    assert apply_edits(files, [Edit(path="diagnostics/new.py", replace="# new")]) == {"diagnostics/new.py": "# new"}
+
+
+def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="cand/g1-x") -> BacktestResult:
+    d = Distribution.of([0.0, 1.0])
+    a = Agreement(corr=0.5, auc=0.8, rewarded_incorrect=0.0)
+    replay = ReplayResult(harness="h", n_rollouts=10, n_groups=2, generations=[0], branches=["main"], reward_before=d,
+                          reward_after=d, components_before={}, components_after={}, agreement_before=a,
+                          agreement_after=a, changed_fraction=0,
+                          dead_groups_before=1, dead_groups_after=1, dead_ratio_before=0.5, dead_ratio_after=0.5,
+                          groups_rescued=0, groups_deadened=0, groups_dropped=0, dead_groups_dropped=0, findings=[],
+                          failed_gates=[], seconds=0.1)
+    short = ShortRunResult(steps=10, seeds=[0, 1], dev_items=500, arms=[], per_seed_delta=[delta, delta], delta=delta,
+                           ci_low=lo, ci_high=hi, se=0.01, mde=0.03, train_reward_delta=reward_delta,
+                           train_correct_delta=0.0, findings=[], failed_gates=list(gates), stopped="no_gain", trace=[],
+                           seconds=1, seconds_per_arm=1)
+    return BacktestResult(run="r", branch=branch, commit="c" * 40, champion_commit="d" * 40, generation=1,
+                          start_checkpoint=None, replay=replay, short_run=short, failed_gates=list(gates), seconds=1)
+
+
+IV = Intervention(id="g1-x", hypothesis="If x, dev improves", factor="recipe.x", change="x")
+
+
+def test_promotion_rule():
+    rule = PromotionRule()
+    assert judge(IV, _backtest(0.03, 0.01, 0.05), rule).decision == "promote"
+    gated = judge(IV, _backtest(0.03, 0.01, 0.05, gates=["shaped_vs_sealed"]), rule)
+    assert gated.decision == "reject" and gated.failed_gates == ["shaped_vs_sealed"]
+    assert judge(IV, _backtest(0.01, -0.01, 0.03), rule).decision == "reject"
+    revise = judge(IV, _backtest(-0.01, -0.03, 0.01, reward_delta=0.2), rule)
+    assert revise.decision == "revise" and "no gate fired" in revise.reasons[0]
+    down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
+                                                                            "direction": "down"})})
+    assert judge(down, _backtest(0.03, 0.01, 0.05), rule).decision == "reject"  # dev rose, mechanism did not
+    assert judge(IV, None, rule, error="not implemented").reasons == ["not implemented"]
+    a, b = judge(IV, _backtest(0.03, 0.01, 0.05, branch="a"), rule), judge(IV, _backtest(0.04, 0.02, 0.06,
+                                                                                        branch="b"), rule)
+    chosen = {v.branch: v for v in choose([a, b], rule)}
+    assert chosen["b"].decision == "promote" and chosen["a"].decision == "reject"
+    assert "b was promoted instead" in chosen["a"].reasons[-1]
+    # an LLM critic can veto, never promote what the rule refused
+    llm = Verdict(branch="a", decision="promote", reasons=["looks great"], lesson="l")
+    assert merge_llm_verdict(gated, llm).decision == "reject"
+    veto = Verdict(branch="a", decision="reject", reasons=["rollouts show a hack"])
+    assert merge_llm_verdict(chosen["b"], veto).decision == "reject"
+
+
+def test_skills_shape_the_offline_plan(tmp_path):
+    """A positive skill ranks its transform first; a negative one under the same diagnosis is not re-proposed."""
+    policy = OfflinePolicy()
+    diag = Diagnosis(generation=1, summary="; ".join(f.message for f in SICK[:3]))
+    inp = PlanInput(generation=1, domain="math", k=20, diagnosis=diag, findings=SICK, files=TEMPLATE)
+    base = [iv.transform for iv in policy.plan(inp).interventions]
+    assert "temperature" in base and "scale_rewards" in base
+    positive, negative = base[-1], base[0]  # the least and the most favoured without memory
+    store = SkillStore(tmp_path / "skills", "hashing")
+    for tid, verdict in ((positive, Verdict(branch="cand/g1-p", decision="promote", effect=0.04, ci_low=0.01,
+                                            ci_high=0.07)),
+                         (negative, Verdict(branch="cand/g1-n", decision="reject", effect=-0.02, ci_low=-0.05,
+                                            ci_high=0.01))):
+        iv = policy._intervention(1, CATALOG[tid], apply(tid, TEMPLATE, SICK), [])
+        distill(store, iv, verdict, "math", findings=SICK, diagnosis=diag.summary, run="r1", commit=tid)
+    trigger = trigger_of(SICK, diag.summary)
+    hits = store.query(trigger.text, k=10, domain="math", analyzers=trigger.analyzers)
+    plan = policy.plan(inp.model_copy(update={"skills": hits}))
+    got = [iv.transform for iv in plan.interventions]
+    assert got[0] == positive and negative not in got
+    assert any(s.startswith("sk-") for s in plan.interventions[0].sources)
+    assert "recorded it as negative under this diagnosis" in plan.rationale
+    tried = policy.plan(inp.model_copy(update={"tried": [CATALOG[positive].factor]}))
+    assert positive not in [iv.transform for iv in tried.interventions]

@@ -1,0 +1,126 @@
+"""The co-evolution loop end to end on the tiny policy: `evotrainer run` with the offline meta-policy, a SIGKILL
+during a backtest and `evotrainer resume`, and the run's refusals. Real children, git, Chroma and SqliteSaver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from evotrainer.graph.events import EventLog
+from evotrainer.memory.store import SkillStore
+
+from .conftest import last_json, run_cli
+
+pytestmark = pytest.mark.slow
+TINY_LOOP = ["--train-steps", "2", "--backtest-steps", "2", "--seeds", "1", "--max-seeds", "1", "--dev-items", "50"]
+
+
+def _args(run: Path, policy: Path, skills: Path, generations: int, candidates: int) -> list[str]:
+    return ["run", str(run), "--checkpoint", str(policy), "--skills", str(skills), "--generations", str(generations),
+            "--candidates", str(candidates), *TINY_LOOP, "--json"]
+
+
+def _ends(run: Path) -> Counter:
+    return Counter((e["node"], e["generation"]) for e in EventLog(run / "events.jsonl").read() if e["event"] == "end")
+
+
+def _worktrees(run: Path) -> list[str]:
+    out = subprocess.run(["git", "-C", str(run / "harness"), "worktree", "list", "--porcelain"], capture_output=True,
+                         text=True, check=True).stdout
+    return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
+
+
+def test_offline_run_two_generations(tiny_policy, tmp_path):
+    run, skills = tmp_path / "run", tmp_path / "skills"
+    proc = run_cli(*_args(run, tiny_policy, skills, 2, 2))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = last_json(proc.stdout)
+    assert summary["finished"] and summary["stop_reason"] == "2 generations done"
+    assert summary["meta_policy"] == "offline rule-based meta-policy" and summary["generations"] == 2
+    # every node of both generations ran exactly once
+    ends = _ends(run)
+    for g in (1, 2):
+        for node in ("train", "diagnose", "plan", "implement", "backtest", "critique", "promote", "distill"):
+            assert ends[(node, g)] == 1, (node, g)
+    branches = json.loads(run_cli("branches", str(run), "--json").stdout)
+    assert len(branches) >= 3 and all(b["status"] != "open" for b in branches)
+    for b in branches:
+        assert b["factor"] and b["hypothesis"].startswith("If ")
+        if b["status"] == "rejected":
+            assert b["reason"]
+        verdict = json.loads((run / "reports" / f"verdict-{b['branch'].replace('/', '--')}.json").read_text())
+        assert verdict["author"] == "offline rule-based meta-policy" and verdict["branch"] == b["branch"]
+        assert (run / "reports" / f"backtest-{b['branch'].replace('/', '--')}.json").is_file() or \
+            "backtest failed" in b["reason"]
+    # one factor per generation is never proposed twice on the same champion
+    for g in (1, 2):
+        factors = [b["factor"] for b in branches if b["generation"] == g]
+        assert len(factors) == len(set(factors))
+    assert summary["steps_used"] >= 2 * 2 + 2 * 2  # champion steps of 2 generations + at least the arms of one
+    assert SkillStore(skills).list() and summary["skills"] == len(SkillStore(skills).list())
+    assert _worktrees(run) == [str((run / "harness").resolve())]
+    assert (run / "reports" / "summary.md").is_file() and (run / "reports" / "plan-g2.json").is_file()
+    # a finished run: `run` again is refused, `resume` has nothing left to do
+    again = run_cli(*_args(run, tiny_policy, skills, 2, 2))
+    assert again.returncode == 2 and "evotrainer resume" in again.stderr
+    done = run_cli("resume", str(run), "--json")
+    assert done.returncode == 0 and last_json(done.stdout)["finished"]
+    assert _ends(run) == ends
+
+
+def test_sigkill_during_backtest_then_resume(tiny_policy, tmp_path):
+    run, skills = tmp_path / "run", tmp_path / "skills"
+    cmd = [sys.executable, "-m", "evotrainer.cli", *_args(run, tiny_policy, skills, 1, 2)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline:  # wait until a short-run arm is training
+            started = any(e["event"] == "start" and e.get("node") == "backtest"
+                          for e in EventLog(run / "events.jsonl").read())
+            if started and list((run / "backtests").glob("g1/*/*/logs/train-*.log")):
+                break
+            assert proc.poll() is None, "the run ended before its backtest"
+            time.sleep(0.5)
+        else:
+            pytest.fail("no backtest started within 10 minutes")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    orphans = subprocess.run(["pgrep", "-f", f"grpo .*{run}"], capture_output=True, text=True).stdout.split()
+    assert not orphans, "a training child survived its orchestrator"
+    before = _ends(run)
+    assert before[("implement", 1)] == 1 and before[("backtest", 1)] == 0
+
+    res = run_cli("resume", str(run), "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert last_json(res.stdout)["finished"]
+    after = _ends(run)
+    events = EventLog(run / "events.jsonl").read()
+    starts = Counter((e["node"], e["generation"]) for e in events if e["event"] == "start")
+    for node in ("train", "diagnose", "plan", "implement"):  # completed before the kill: not redone
+        assert starts[(node, 1)] == 1 and after[(node, 1)] == 1
+    assert starts[("backtest", 1)] == 2 and after[("backtest", 1)] == 1
+    assert all(after[(n, 1)] == 1 for n in ("critique", "promote", "distill"))
+    assert [e["event"] for e in events].count("resume") == 1
+    assert _worktrees(run) == [str((run / "harness").resolve())] and not any((run / "worktrees").iterdir())
+    branches = json.loads(run_cli("branches", str(run), "--json").stdout)
+    assert branches and all(b["status"] != "open" for b in branches)
+
+
+def test_run_refuses_bad_input(tmp_path):
+    proc = run_cli("run", str(tmp_path / "r"), "--checkpoint", str(tmp_path / "nope"), "--json")
+    assert proc.returncode == 2 and "not found or not a model directory" in proc.stderr
+    assert not (tmp_path / "r").exists()
+    proc = run_cli("resume", str(tmp_path / "missing"))
+    assert proc.returncode == 2 and "not an EvoTrainer run" in proc.stderr
