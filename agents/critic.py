@@ -7,7 +7,8 @@ but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` ke
 `max_promotions` winners per generation (the highest lower bounds): single-factor changes compose across
 generations, not inside one.
 
-A candidate whose train reward rose while dev did not, with no gate fired, is sent to diagnostics revision
+A candidate whose train reward rose beyond its train correct rate while dev did not, with no gate fired, is
+sent to diagnostics revision
 (`revise`): something in training paid off that the sealed grade does not confirm, and no analyzer said so.
 """
 
@@ -24,8 +25,9 @@ class PromotionRule(BaseModel):
 
     min_ci_low: float = Field(0.0, description="the paired dev interval's lower bound must exceed this")
     max_promotions: int = Field(1, ge=0, description="winners per generation")
-    revise_reward_rise: float = Field(0.02, description="train reward rise (candidate minus control) without a dev "
-                                                        "gain that asks for diagnostics revision")
+    revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
+                                                        "minus control) without a dev gain that asks for diagnostics "
+                                                        "revision")
 
 
 def moved_as_hypothesised(intervention: Intervention, backtest: BacktestResult) -> bool | None:
@@ -63,10 +65,12 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                                                        f"{intervention.expected.direction} as hypothesised"], **base)
         return Verdict(decision="promote", reasons=[f"{interval}: lower bound above {rule.min_ci_low:g}, all gates "
                                                     "pass"], **base)
-    if s.train_reward_delta > rule.revise_reward_rise and s.delta <= 0:
+    unexplained = s.train_reward_delta - s.train_correct_delta  # a curriculum raises both: that is not a hack
+    if unexplained > rule.revise_reward_rise and s.delta <= 0:
         return Verdict(decision="revise", reasons=[
-            f"train reward rose {s.train_reward_delta:+.3f} over the control but {interval} and no gate fired: "
-            "a diagnostic missed what the reward paid for"], **base)
+            f"train reward rose {s.train_reward_delta:+.3f} over the control ({unexplained:+.3f} more than the "
+            f"sealed train correct rate) but {interval} and no gate fired: a diagnostic missed what the reward "
+            "paid for"], **base)
     return Verdict(decision="reject", reasons=[f"{interval}: the interval does not exclude zero "
                                                f"(stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
 

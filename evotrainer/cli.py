@@ -285,21 +285,23 @@ def validate_analyzer(
         Console().print(Markdown(result.markdown()))
 
 
-def _meta_policy(cfg):
-    """The meta-policy a run's configuration names: the offline rules, or a LiteLLM model (preflighted)."""
-    if cfg.meta_llm == "offline":
+def _meta_policy(meta_llm: str, api_base: str | None, cost: list[float] | None):
+    """The offline rules, or a LiteLLM model that answered its preflight call."""
+    if meta_llm == "offline":
         from evotrainer.agents.offline.policy import OfflinePolicy
 
         return OfflinePolicy()
     from evotrainer.agents.llm_policy import LLMPolicy
 
-    return LLMPolicy.connect(cfg.meta_llm, cfg.api_base)
+    return LLMPolicy.connect(meta_llm, api_base, cost_per_mtok=tuple(cost) if cost else None)
 
 
-def _drive(ws, fresh: bool, as_json: bool) -> None:
+def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
     from evotrainer.graph.build import drive
 
-    meta = _meta_policy(ws.config())  # preflight before any training
+    if meta is None:
+        cfg = ws.config()
+        meta = _meta_policy(cfg.meta_llm, cfg.api_base, cfg.llm_cost_per_mtok)  # preflight before any training
     with progress_display(not as_json) as feed:
         status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
                                                                               highlight=False))
@@ -350,6 +352,8 @@ def run(
                                                                     "included")] = None,
     max_dollars: Annotated[float | None, typer.Option(help="budget: meta-LLM spend in dollars")] = None,
     max_minutes: Annotated[float | None, typer.Option(help="budget: wall clock of the whole run")] = None,
+    llm_cost: Annotated[str | None, typer.Option(help="'IN,OUT': dollars per million input and output tokens, for a "
+                                                      "meta-LLM LiteLLM has no price for")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
 ) -> None:
     """Co-evolve the policy and its harness: train, diagnose, plan, implement, backtest, critique, promote, distill."""
@@ -359,14 +363,22 @@ def run(
                                        max_seeds=max_seeds, dev_items=dev_items).items() if v is not None}
     budget = {"generations": generations, "candidates": candidates, "train_steps": max_train_steps,
               "llm_dollars": max_dollars, "wall_clock_s": max_minutes * 60 if max_minutes else None}
-    if meta_llm != "offline":
-        from evotrainer.agents.llm_policy import LLMPolicy
-
-        LLMPolicy.connect(meta_llm, api_base)  # an unreachable endpoint or a missing key: before anything is created
+    cost = None
+    if llm_cost:
+        try:
+            cost = [float(x) for x in llm_cost.split(",")]
+            assert len(cost) == 2 and min(cost) >= 0
+        except (ValueError, AssertionError):
+            raise UserError(f"--llm-cost {llm_cost!r} must be two non-negative numbers 'IN,OUT' (dollars per million "
+                            "input and output tokens), e.g. 0.15,0.60") from None
+    if (directory / "run.yaml").is_file():
+        raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
+                        "choose a new directory")
+    meta = _meta_policy(meta_llm, api_base, cost)  # an unreachable endpoint or a missing key: before anything exists
     ws = open_run(directory, domain=domain, budget=budget, meta_llm=meta_llm, api_base=api_base,
                   skills=str(skills.resolve()) if skills else None, checkpoint=str(checkpoint) if checkpoint else None,
-                  seed=seed, loop_overrides=overrides)
-    _drive(ws, fresh=True, as_json=as_json)
+                  seed=seed, loop_overrides=overrides, llm_cost=cost)
+    _drive(ws, fresh=True, as_json=as_json, meta=meta)
 
 
 @app.command()

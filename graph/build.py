@@ -129,6 +129,8 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
     with ws.lock():
         removed = clean_worktrees(ws)
         events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed)
+        if hasattr(meta, "attach"):  # a meta-LLM: transcripts in the run, every call's cost in the event log
+            meta.attach(ws.path, lambda agent, record: events.emit(record.pop("kind", "call"), **record))
         loop = Loop(ws, meta, store, events, feed=feed, status=status)
         saver = checkpointer(ws.path / "graph.sqlite")
         try:
@@ -156,8 +158,8 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
 
 
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
-             skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None
-             ) -> RunWorkspace:
+             skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None,
+             llm_cost: list[float] | None = None) -> RunWorkspace:
     """The run at `directory`: created with these settings when new; an existing run must not be restarted."""
     if (directory / "run.yaml").is_file():
         raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
@@ -166,6 +168,6 @@ def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_b
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
     return RunWorkspace.create(directory, domain, seed=seed,
                                budget=budget,
-                               meta_llm=meta_llm, api_base=api_base, skills=skills,
+                               meta_llm=meta_llm, api_base=api_base, skills=skills, llm_cost_per_mtok=llm_cost,
                                checkpoint=str(Path(checkpoint).resolve()) if checkpoint else None,
                                loop=loop_overrides or {})

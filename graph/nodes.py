@@ -60,17 +60,19 @@ class Loop:
             g = state.generation
             self.status(f"generation {g}: {name}")
             self.events.emit("start", node=name, generation=g)
-            started = time.time()
+            started, spent = time.time(), self.meta_dollars()
             update = fn(state)
             seconds = round(time.time() - started, 2)
-            self.events.emit("end", node=name, generation=g, seconds=seconds)
+            dollars = self.meta_dollars() - spent
+            self.events.emit("end", node=name, generation=g, seconds=seconds, dollars=round(dollars, 6))
             return {**update, "seconds_used": round(state.seconds_used + seconds, 2),
-                    "llm_dollars": self.meta_dollars(state)}
+                    "llm_dollars": state.llm_dollars + dollars}
         run.__name__ = name
         return run
 
-    def meta_dollars(self, state: LoopState) -> float:
-        return float(getattr(self.meta, "dollars", 0.0)) or state.llm_dollars
+    def meta_dollars(self) -> float:
+        """The meta-policy's spend in this process (the offline one spends nothing)."""
+        return float(getattr(self.meta, "dollars", 0.0))
 
     @property
     def config(self) -> RunConfig:
@@ -232,45 +234,61 @@ class Loop:
 
     # -- backtest ------------------------------------------------------------------------------
     def backtest(self, state: LoopState) -> dict:
-        """Replay first (cheap: a candidate that fails a replay gate gets no short run), then the short runs."""
+        """Replay every candidate first (cheap: one that fails a replay gate gets no short run); then the shared
+        control arms and the candidates' short runs side by side, two training children at a time."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from evotrainer.trainer.backtest import train_controls
+
         g, ws = state.generation, self.ws
-        cfg = self.short_cfg()
-        out, steps = [], state.steps_used
-        control_seeds: set[int] = set()
-        for cand in state.candidates:
-            cand = cand.model_copy(deep=True)
+        cfg = self.short_cfg().model_copy(update={"parallel": 1})  # the pool below holds the two cores
+        cands = [c.model_copy(deep=True) for c in state.candidates]
+        results: dict[int, BacktestResult] = {}
+        todo = []
+        for i, cand in enumerate(cands):
             if not cand.commit:
-                out.append(cand)
                 continue
             path = ws.path / "reports" / f"backtest-{branch_dir(cand.branch)}.json"
-            result = None
             if path.is_file():
-                result = BacktestResult.model_validate_json(path.read_text())
-                if result.commit != cand.commit:
-                    result = None
-            if result is None:
-                self.status(f"generation {g}: backtest {cand.branch}")
-                try:
-                    result = backtest(ws.path, cand.branch, replay_only=True, write=False)
-                    if not result.failed_gates:
-                        result = backtest(ws.path, cand.branch, cfg=cfg,
-                                          on_progress=lambda label, b=cand.branch: self.feed(f"g{g} {b} {label}"))
-                    else:
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        atomic_write_text(path.with_suffix(".md"), result.markdown())
-                        atomic_write_text(path, result.model_dump_json(indent=2))
-                except UserError as e:
-                    cand.error = f"backtest failed: {e}"
-                    out.append(cand)
+                done = BacktestResult.model_validate_json(path.read_text())
+                if done.commit == cand.commit:
+                    results[i] = done
                     continue
-            if result.short_run:
-                s = result.short_run
-                steps += len(s.seeds) * s.steps  # the candidate's arms; the shared control's below
-                control_seeds |= set(s.seeds)
-            cand.backtest = str(path)
-            out.append(cand)
+            try:
+                screen = backtest(ws.path, cand.branch, replay_only=True, write=False)
+            except UserError as e:
+                cand.error = f"backtest failed: {e}"
+                continue
+            if screen.failed_gates:
+                atomic_write_text(path.with_suffix(".md"), screen.markdown())
+                atomic_write_text(path, screen.model_dump_json(indent=2))
+                results[i] = screen
+            else:
+                todo.append(i)
+
+        def short(i: int) -> BacktestResult:
+            b = cands[i].branch
+            self.status(f"generation {g}: backtest {b}")
+            return backtest(ws.path, b, cfg=cfg, on_progress=lambda label: self.feed(f"g{g} {b} {label}"))
+
+        with ThreadPoolExecutor(max_workers=self.short_cfg().parallel) as pool:
+            if todo:
+                for s in range(cfg.seeds):  # the shared control first, so that no candidate waits for it idle
+                    pool.submit(train_controls, ws.path, g, cfg, [s], lambda label: self.feed(f"g{g} {label}"))
+            futures = {i: pool.submit(short, i) for i in todo}
+            for i, fut in futures.items():
+                try:
+                    results[i] = fut.result()
+                except UserError as e:
+                    cands[i].error = f"backtest failed: {e}"
+        steps, control_seeds = state.steps_used, set()
+        for i, r in results.items():
+            cands[i].backtest = str(ws.path / "reports" / f"backtest-{branch_dir(cands[i].branch)}.json")
+            if r.short_run:
+                steps += len(r.short_run.seeds) * r.short_run.steps  # the candidate's arms; the shared control's below
+                control_seeds |= set(r.short_run.seeds)
         steps += len(control_seeds) * cfg.steps
-        return {"candidates": out, "steps_used": steps}
+        return {"candidates": cands, "steps_used": steps}
 
     # -- critique ------------------------------------------------------------------------------
     def critique(self, state: LoopState) -> dict:

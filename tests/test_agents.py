@@ -42,9 +42,14 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
     healthy = {**{t.id: None for t in CATALOG.values()}}
     for t in CATALOG.values():
         change = apply(t.id, TEMPLATE, SICK)
-        if t.id == "learning_rate":  # refuses a bigger step while the optimizer is unhealthy
+        if t.id in ("learning_rate", "more_iterations"):  # no bigger step while the optimizer is unhealthy
             assert change is None and apply(t.id, TEMPLATE, []) is not None
             change = apply(t.id, TEMPLATE, [])
+        if t.id == "clip_higher":  # one update per batch: the ratio is 1, no clip bound binds
+            assert change is None
+            two = apply("more_iterations", TEMPLATE, [])
+            change = apply(t.id, {**TEMPLATE, **two.files}, SICK)
+            change.files = {**two.files, **change.files}
         assert change is not None, t.id
         assert change.files and change.hypothesis.startswith("If ") and change.change
         d = tmp_path / t.id
@@ -106,7 +111,8 @@ def test_apply_edits_search_replace_and_errors():
     assert apply_edits(files, [Edit(path="diagnostics/new.py", replace="# new")]) == {"diagnostics/new.py": "# new"}
 
 
-def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="cand/g1-x") -> BacktestResult:
+def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="cand/g1-x", correct_delta=0.0
+              ) -> BacktestResult:
     d = Distribution.of([0.0, 1.0])
     a = Agreement(corr=0.5, auc=0.8, rewarded_incorrect=0.0)
     replay = ReplayResult(harness="h", n_rollouts=10, n_groups=2, generations=[0], branches=["main"], reward_before=d,
@@ -117,8 +123,8 @@ def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="
                           failed_gates=[], seconds=0.1)
     short = ShortRunResult(steps=10, seeds=[0, 1], dev_items=500, arms=[], per_seed_delta=[delta, delta], delta=delta,
                            ci_low=lo, ci_high=hi, se=0.01, mde=0.03, train_reward_delta=reward_delta,
-                           train_correct_delta=0.0, findings=[], failed_gates=list(gates), stopped="no_gain", trace=[],
-                           seconds=1, seconds_per_arm=1)
+                           train_correct_delta=correct_delta, findings=[], failed_gates=list(gates),
+                           stopped="no_gain", trace=[], seconds=1, seconds_per_arm=1)
     return BacktestResult(run="r", branch=branch, commit="c" * 40, champion_commit="d" * 40, generation=1,
                           start_checkpoint=None, replay=replay, short_run=short, failed_gates=list(gates), seconds=1)
 
@@ -134,6 +140,8 @@ def test_promotion_rule():
     assert judge(IV, _backtest(0.01, -0.01, 0.03), rule).decision == "reject"
     revise = judge(IV, _backtest(-0.01, -0.03, 0.01, reward_delta=0.2), rule)
     assert revise.decision == "revise" and "no gate fired" in revise.reasons[0]
+    # a curriculum raises train reward and train correct together: not a missed hack
+    assert judge(IV, _backtest(-0.01, -0.03, 0.01, reward_delta=0.08, correct_delta=0.07), rule).decision == "reject"
     down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
                                                                             "direction": "down"})})
     assert judge(down, _backtest(0.03, 0.01, 0.05), rule).decision == "reject"  # dev rose, mechanism did not

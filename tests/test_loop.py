@@ -75,6 +75,18 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     assert done.returncode == 0 and last_json(done.stdout)["finished"]
     assert _ends(run) == ends
 
+    # a later run with the same store: no intervention the store recorded as negative after the same findings
+    store = SkillStore(skills)
+    negative = {(s.transform, tuple(s.trigger.analyzers)) for s in store.list(outcome="negative")}
+    second = run_cli(*_args(tmp_path / "second", tiny_policy, skills, 1, 2))
+    assert second.returncode == 0, second.stderr[-3000:]
+    plan = json.loads((tmp_path / "second" / "reports" / "plan-g1.json").read_text())
+    diagnosis = json.loads((tmp_path / "second" / "reports" / "diagnosis-g1.json").read_text())
+    now = tuple(sorted({b["findings"][0].split(":")[0] for b in diagnosis["bottlenecks"]
+                        if b["severity"] != "info"}))
+    assert not [iv for iv in plan["interventions"] if (iv["transform"], now) in negative]
+    assert sum(s.retrieved for s in SkillStore(skills).list()) > 0
+
 
 def test_sigkill_during_backtest_then_resume(tiny_policy, tmp_path):
     run, skills = tmp_path / "run", tmp_path / "skills"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -420,6 +421,17 @@ def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branch
     return ReplayResult.model_validate_json(Path(spec.result_path).read_text())
 
 
+_ARM_LOCKS: dict[str, threading.Lock] = {}
+_ARM_LOCKS_GUARD = threading.Lock()
+
+
+def _arm_lock(path: Path) -> threading.Lock:
+    """One lock per arm directory: backtests of several candidates in threads share the control arms, and the
+    second one to need an arm waits for the first to finish it instead of training it again."""
+    with _ARM_LOCKS_GUARD:
+        return _ARM_LOCKS.setdefault(str(path), threading.Lock())
+
+
 class _Arms:
     """Trains and evaluates arms, each once: a finished arm (its checkpoint has meta.json) is reused, so the
     control is shared by every candidate of a generation and an interrupted backtest resumes."""
@@ -430,14 +442,20 @@ class _Arms:
         self.fingerprint, self.on_progress = fingerprint, on_progress
 
     def run(self, role: str, branch: str, commit: str, harness_dir: Path, seed: int):
-        from evotrainer.trainer import jobs
-        from evotrainer.trainer.evidence import branch_dir, read_rollouts
-        from evotrainer.trainer.grpo import TrainSpec
+        from evotrainer.trainer.evidence import branch_dir
 
         started = time.time()
         tag = f"{commit[:8]}-s{seed}-k{self.cfg.steps}"
         out = self.ws.path / "backtests" / f"g{self.generation}" / branch_dir(branch) / tag
         ckpt = out / "checkpoints" / "policy"
+        with _arm_lock(out):
+            return self._run(role, branch, commit, harness_dir, seed, out, ckpt, tag, started)
+
+    def _run(self, role, branch, commit, harness_dir, seed, out, ckpt, tag, started):
+        from evotrainer.trainer import jobs
+        from evotrainer.trainer.evidence import read_rollouts
+        from evotrainer.trainer.grpo import TrainSpec
+
         if not (ckpt / "meta.json").is_file():
             spec = TrainSpec(domain=self.domain, checkpoint=str(self.start), harness_dir=str(harness_dir),
                              steps=self.cfg.steps, seed=seed, out_dir=str(out), checkpoint_id="policy",
@@ -469,8 +487,10 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
     findings: list[Finding] = []
     while True:
         new = [s for s in range(n) if s not in seeds]
-        jobs_ = [("control", "control", champ_commit, champ_dir, s) for s in new] + \
-                [("candidate", branch, commit, cand_dir, s) for s in new]
+        controls = [("control", "control", champ_commit, champ_dir, s) for s in new]
+        mine = [("candidate", branch, commit, cand_dir, s) for s in new]
+        # one at a time: the candidate's own arms first, while another thread may still be training a shared control
+        jobs_ = controls + mine if cfg.parallel > 1 else mine + controls
         with ThreadPoolExecutor(max_workers=cfg.parallel) as pool:
             futures = {(role, s): pool.submit(arms.run, role, br, c, d, s) for role, br, c, d, s in jobs_}
             for key, fut in futures.items():
@@ -500,6 +520,22 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
         trace=trace, seconds=round(time.time() - started, 1),
         seconds_per_arm=round(float(np.mean([a.seconds for a in all_arms])), 1),
     )
+
+
+def train_controls(run_dir: str | Path, generation: int, cfg: ShortRunConfig, seeds: list[int],
+                   on_progress=None) -> list[Arm]:
+    """The control arms of a generation's short runs (the champion harness from the champion policy), trained
+    ahead: candidates backtested in parallel threads then find them done, or wait for them (one lock per arm)."""
+    from evotrainer.trainer import jobs
+    from evotrainer.workspaces.run import RunWorkspace
+
+    ws = RunWorkspace.open(run_dir)
+    cfg_run, repo = ws.config(), ws.harness
+    champ_commit = repo.head("main")
+    champ_dir = repo.export(champ_commit, ws.path / "backtests" / "harness" / champ_commit[:12])
+    start = ws.champion_checkpoint() or jobs.warm_policy(cfg_run.domain, cfg_run.seed, ws.path)
+    arms = _Arms(ws, cfg_run.domain, generation, start, cfg, cfg_run.fingerprint, on_progress)
+    return [arms.run("control", "control", champ_commit, champ_dir, s)[0] for s in seeds]
 
 
 def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg: ShortRunConfig | None = None,

@@ -43,11 +43,12 @@ class Budget(BaseModel):
 
 
 class LoopConfig(BaseModel):
-    """How one generation of `evotrainer run` spends compute (defaults: about 5 minutes a generation on 2 cores)."""
+    """How one generation of `evotrainer run` spends compute. The defaults fit three generations of three
+    candidates into about 20 minutes on 2 cores (README: the loop); real gains need longer short runs."""
 
     model_config = ConfigDict(extra="forbid")
-    train_steps: int = Field(20, ge=1, description="GRPO steps of the champion per generation")
-    backtest_steps: int = Field(10, ge=1, description="GRPO steps of each short-run arm")
+    train_steps: int = Field(10, ge=1, description="GRPO steps of the champion per generation")
+    backtest_steps: int = Field(5, ge=1, description="GRPO steps of each short-run arm")
     seeds: int = Field(2, ge=1, description="seeds of a candidate's first short-run round")
     max_seeds: int = Field(3, ge=1, description="a promising candidate is extended up to this many seeds")
     dev_items: int | None = Field(500, ge=1, description="sealed dev items per evaluation (None: all)")
@@ -66,6 +67,8 @@ class RunConfig(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
     api_base: str | None = None
+    llm_cost_per_mtok: list[float] | None = Field(None, description="dollars per million input and output tokens, "
+                                                                    "for a meta-LLM LiteLLM has no price for")
     skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
     checkpoint: str | None = Field(None, description="starting policy (default: the domain's cached warm policy)")
     loop: LoopConfig = Field(default_factory=LoopConfig)
