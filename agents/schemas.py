@@ -129,6 +129,8 @@ class PlanInput(BaseModel):
     lineage: list[LineageEntry] = Field(default_factory=list)
     files: dict[str, str] = Field(default_factory=dict, description="the champion harness")
     tried: list[str] = Field(default_factory=list, description="factors already tried on this champion commit")
+    same_diagnosis: float = Field(0.75, description="retrieval score above which a skill's trigger counts as this "
+                                                    "diagnosis (the store's merge threshold)")
 
 
 class CodeInput(BaseModel):

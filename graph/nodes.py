@@ -24,7 +24,7 @@ from evotrainer.errors import UserError
 from evotrainer.files import atomic_write_text
 from evotrainer.graph.events import EventLog
 from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
-from evotrainer.memory.distill import distill, trigger_of
+from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import BacktestResult, ShortRunConfig, backtest
@@ -174,7 +174,7 @@ class Loop:
         plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
                                         diagnosis=state.diagnosis, findings=state.findings, skills=hits,
                                         lineage=self.lineage(), files=harness_files(self.champion_dir()),
-                                        tried=tried))
+                                        tried=tried, same_diagnosis=MERGE_SIMILARITY[self.store.embedding]))
         for sid in {s for iv in plan.interventions for s in iv.sources if s.startswith("sk-")}:
             self.store.record_use(sid)
         atomic_write_text(ws.path / "reports" / f"plan-g{g}.json", plan.model_dump_json(indent=2))

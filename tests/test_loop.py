@@ -14,8 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from evotrainer.agents.offline.catalog import CATALOG
+from evotrainer.agents.schemas import Intervention, Verdict
 from evotrainer.graph.events import EventLog
+from evotrainer.memory.distill import distill
 from evotrainer.memory.store import SkillStore
+from evotrainer.trainer.diagnostics import Finding
 
 from .conftest import last_json, run_cli
 
@@ -75,9 +79,19 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     assert done.returncode == 0 and last_json(done.stdout)["finished"]
     assert _ends(run) == ends
 
-    # a later run with the same store: no intervention the store recorded as negative after the same findings
+    # a later run with the same store: a transform validated positive elsewhere comes first, and nothing the
+    # store recorded as negative after the same findings is proposed again
     store = SkillStore(skills)
     negative = {(s.transform, tuple(s.trigger.analyzers)) for s in store.list(outcome="negative")}
+    used = {s.transform for s in store.list()}
+    proven = next(t for t in ("scale_rewards", "temperature", "more_iterations", "loss_type") if t not in used)
+    health = json.loads((run / "reports" / "health-g1-main.json").read_text())
+    diag = json.loads((run / "reports" / "diagnosis-g2.json").read_text())
+    distill(store, Intervention(id="elsewhere", hypothesis="If X, dev improves", factor=CATALOG[proven].factor,
+                                change=CATALOG[proven].summary, transform=proven),
+            Verdict(branch="cand/g1-elsewhere", decision="promote", effect=0.03, ci_low=0.01, ci_high=0.05), "math",
+            findings=[Finding(**f) for f in health["findings"]], diagnosis=diag["summary"], run="another-run",
+            commit="0" * 40)
     second = run_cli(*_args(tmp_path / "second", tiny_policy, skills, 1, 2))
     assert second.returncode == 0, second.stderr[-3000:]
     plan = json.loads((tmp_path / "second" / "reports" / "plan-g1.json").read_text())
@@ -85,6 +99,8 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     now = tuple(sorted({b["findings"][0].split(":")[0] for b in diagnosis["bottlenecks"]
                         if b["severity"] != "info"}))
     assert not [iv for iv in plan["interventions"] if (iv["transform"], now) in negative]
+    assert plan["interventions"][0]["transform"] == proven
+    assert any(src.startswith("sk-") for src in plan["interventions"][0]["sources"])
     assert sum(s.retrieved for s in SkillStore(skills).list()) > 0
 
 

@@ -26,7 +26,6 @@ from evotrainer.agents.schemas import (
     PlanInput,
     Verdict,
 )
-from evotrainer.memory.distill import MERGE_SIMILARITY
 from evotrainer.trainer.backtest import BacktestResult
 from evotrainer.trainer.diagnostics import Finding
 
@@ -80,8 +79,7 @@ class OfflinePolicy:
                 sk = hit.skill
                 if sk.transform != t.id:
                     continue
-                same = (bool(analyzers) and set(sk.trigger.analyzers) == analyzers) or \
-                    hit.score >= min(MERGE_SIMILARITY.values())
+                same = (bool(analyzers) and set(sk.trigger.analyzers) == analyzers) or hit.score >= inp.same_diagnosis
                 if sk.outcome == "positive":
                     proven = True
                     score += hit.score
