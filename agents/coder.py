@@ -6,12 +6,19 @@ The same function serves the LLM Coder and the offline one. An edit that cannot 
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from evotrainer.agents.schemas import Edit
 
 # what a harness may contain (DESIGN §4); anything else is refused before it reaches the worktree
 HARNESS_FILES = ("harness.yaml", "rewards.py", "filters.py", "env.py")
+HARNESS_GLOBS = (*HARNESS_FILES, "diagnostics/*.py")
+
+
+def harness_files(directory: Path) -> dict[str, str]:
+    """The harness files an agent may read and edit, by relative path."""
+    return {str(p.relative_to(directory)): p.read_text() for pattern in HARNESS_GLOBS
+            for p in sorted(Path(directory).glob(pattern))}
 
 
 class EditFailed(ValueError):

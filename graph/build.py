@@ -12,7 +12,6 @@ at the node it was in.
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import time
 from collections.abc import Callable
@@ -101,25 +100,6 @@ def summarize(ws: RunWorkspace, state: LoopState, meta_label: str, finished: boo
         history=[h.model_dump() for h in hist])
 
 
-def clean_worktrees(ws: RunWorkspace) -> list[str]:
-    """Remove worktrees of branches already judged or gone (left by a kill between a verdict and its cleanup)."""
-    repo = ws.harness
-    open_branches = {r.branch for r in repo.lineage() if r.status == "open"}
-    repo._git("worktree", "prune")
-    removed = []
-    root = ws.path / "worktrees"
-    for d in sorted(root.iterdir()) if root.is_dir() else []:
-        branch = d.name.replace("--", "/", 1)
-        if branch not in open_branches:
-            try:
-                repo._git("worktree", "remove", "--force", str(d))
-            except Exception:
-                shutil.rmtree(d, ignore_errors=True)
-            removed.append(branch)
-    repo._git("worktree", "prune")
-    return removed
-
-
 def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
           status: Callable[[str], None] | None = None) -> RunSummary:
     """Run the loop from its start (`fresh`) or from the last completed node, under the run's lock."""
@@ -127,7 +107,7 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
     events = EventLog(ws.path / "events.jsonl")
     store = SkillStore(cfg.skills) if cfg.skills else SkillStore()
     with ws.lock():
-        removed = clean_worktrees(ws)
+        removed = ws.harness.prune_worktrees(ws.path / "worktrees")
         events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed)
         if hasattr(meta, "attach"):  # a meta-LLM: transcripts in the run, every call's cost in the event log
             meta.attach(ws.path, lambda agent, record: events.emit(record.pop("kind", "call"), **record))
@@ -160,10 +140,7 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
              skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None,
              llm_cost: list[float] | None = None) -> RunWorkspace:
-    """The run at `directory`: created with these settings when new; an existing run must not be restarted."""
-    if (directory / "run.yaml").is_file():
-        raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
-                        "choose a new directory")
+    """A new run at `directory` with these settings (RunWorkspace.create refuses a directory that holds one)."""
     if checkpoint and not (Path(checkpoint) / "config.json").is_file():
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
     return RunWorkspace.create(directory, domain, seed=seed,

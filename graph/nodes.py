@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from evotrainer.agents.coder import EditFailed, apply_edits
+from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
 from evotrainer.agents.critic import PromotionRule, choose, judge
 from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample
 from evotrainer.errors import UserError
@@ -29,19 +29,9 @@ from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import BacktestResult, ShortRunConfig, backtest
 from evotrainer.trainer.evidence import branch_dir, read_rollouts
-from evotrainer.workspaces.run import RunConfig, RunWorkspace
+from evotrainer.workspaces.run import RunWorkspace
 
-HARNESS_GLOBS = ("harness.yaml", "rewards.py", "filters.py", "env.py", "diagnostics/*.py")
 SAMPLES = 6
-
-
-def harness_files(directory: Path) -> dict[str, str]:
-    """The harness files an agent may read and edit, by relative path."""
-    out = {}
-    for pattern in HARNESS_GLOBS:
-        for p in sorted(directory.glob(pattern)):
-            out[str(p.relative_to(directory))] = p.read_text()
-    return out
 
 
 class Loop:
@@ -74,15 +64,9 @@ class Loop:
         """The meta-policy's spend in this process (the offline one spends nothing)."""
         return float(getattr(self.meta, "dollars", 0.0))
 
-    @property
-    def config(self) -> RunConfig:
-        return self.cfg
-
     def champion_dir(self) -> Path:
         """A snapshot of the champion harness (training and agents read it; nobody edits it)."""
-        repo = self.ws.harness
-        commit = repo.head("main")
-        return repo.export(commit, self.ws.path / "backtests" / "harness" / commit[:12])
+        return self.ws.snapshot("main")[1]
 
     def short_cfg(self) -> ShortRunConfig:
         lc = self.cfg.loop
@@ -99,17 +83,15 @@ class Loop:
         from evotrainer.trainer.grpo import TrainSpec
 
         g, ws = state.generation, self.ws
-        start = Path(state.checkpoint) if state.checkpoint else ws.champion_checkpoint()
-        if start is None:
-            start = Path(self.cfg.checkpoint) if self.cfg.checkpoint else jobs.warm_policy(
-                self.cfg.domain, self.cfg.seed, ws.path, on_progress=self.feed("warm-up (SFT, cached)"))
-        champ = self.champion_dir()
+        start = Path(state.checkpoint) if state.checkpoint else \
+            ws.starting_policy(self.feed("warm-up (SFT, cached)"))
+        champ_commit, champ = ws.snapshot("main")
         out = ws.path / "checkpoints" / f"g{g}-train"
         spec = TrainSpec(domain=self.cfg.domain, checkpoint=str(start), harness_dir=str(champ),
                          steps=self.cfg.loop.train_steps, seed=self.cfg.seed + g, out_dir=str(out),
                          checkpoint_id="policy", checkpoints_dir=str(out / "checkpoints"),
                          evidence_dir=str(ws.path / "evidence"), run=ws.path.name, generation=g - 1, branch="main",
-                         harness_commit=ws.harness.head("main"), result_path=str(out / "specs" / "train.result.json"))
+                         harness_commit=champ_commit, result_path=str(out / "specs" / "train.result.json"))
         before: dict = {}
         thread = None
         if state.dev_start is None:  # the starting policy's score, side by side with training (one core each)
@@ -186,9 +168,13 @@ class Loop:
     # -- implement -----------------------------------------------------------------------------
     def implement(self, state: LoopState) -> dict:
         g, ws, repo = state.generation, self.ws, self.ws.harness
-        existing = {r.intervention_id: r for r in repo.lineage() if r.generation == g}
-        for r in repo.lineage():  # left by an interrupted implement: a branch with no commit of its own
-            if r.branch.startswith(f"cand/g{g}-") and not repo.has_own_commit(r.branch):
+        existing = {}
+        for r in repo.lineage():
+            if not r.branch.startswith(f"cand/g{g}-"):
+                continue
+            if repo.has_own_commit(r.branch):
+                existing[r.intervention_id] = r
+            else:  # left by an interrupted implement: a branch with no commit of its own
                 repo.discard(r.branch)
         files = harness_files(self.champion_dir())
         out = []
@@ -196,7 +182,7 @@ class Loop:
             cand = cand.model_copy(deep=True)
             iv = cand.intervention
             rec = existing.get(iv.id)
-            if rec and repo.has_own_commit(rec.branch):
+            if rec:
                 cand.branch, cand.commit = rec.branch, rec.head
                 out.append(cand)
                 continue
@@ -295,7 +281,7 @@ class Loop:
         g, ws = state.generation, self.ws
         verdicts = []
         for cand in state.candidates:
-            bt = BacktestResult.model_validate_json(Path(cand.backtest).read_text()) if cand.backtest else None
+            bt = self._backtest_of(cand)
             v = judge(cand.intervention, bt, self.rule, cand.error)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(v, cand.intervention, bt))
@@ -336,11 +322,18 @@ class Loop:
         return {"checkpoint": checkpoint}
 
     @staticmethod
-    def _promoted_checkpoint(cand: CandidateState) -> str | None:
-        """The policy advances with the harness: the promoted candidate's first-seed short-run checkpoint."""
-        bt = BacktestResult.model_validate_json(Path(cand.backtest).read_text())
-        arms = [a for a in bt.short_run.arms if a.role == "candidate"] if bt.short_run else []
-        return min(arms, key=lambda a: a.seed).checkpoint if arms else None
+    def _backtest_of(cand: CandidateState) -> BacktestResult | None:
+        return BacktestResult.model_validate_json(Path(cand.backtest).read_text()) if cand.backtest else None
+
+    def _first_arm(self, cand: CandidateState):
+        """The candidate's first-seed short-run arm: the policy advances with the harness to this checkpoint."""
+        bt = self._backtest_of(cand)
+        arms = [a for a in bt.short_run.arms if a.role == "candidate"] if bt and bt.short_run else []
+        return min(arms, key=lambda a: a.seed) if arms else None
+
+    def _promoted_checkpoint(self, cand: CandidateState) -> str | None:
+        arm = self._first_arm(cand)
+        return arm.checkpoint if arm else None
 
     # -- revise diagnostics --------------------------------------------------------------------
     def revise_diagnostics(self, state: LoopState) -> dict:
@@ -397,7 +390,7 @@ class Loop:
             v = cand.verdict
             if not cand.backtest:
                 continue  # never measured: no lesson about the harness, only about the edit
-            bt = BacktestResult.model_validate_json(Path(cand.backtest).read_text())
+            bt = self._backtest_of(cand)
             skill, merged = distill(self.store, cand.intervention, v, self.cfg.domain, findings=state.findings,
                                     diagnosis=state.diagnosis.summary if state.diagnosis else "", backtest=bt,
                                     run=ws.path.name, generation=g, commit=cand.commit)
@@ -409,13 +402,9 @@ class Loop:
                     pass  # the skill was removed from the store meanwhile
             self.events.emit("distill", node="distill", generation=g, skill=skill.id, merged=merged,
                              outcome=skill.outcome, factor=skill.factor)
-        promoted = next((c.branch for c in state.candidates if c.verdict and c.verdict.decision == "promote"), None)
-        dev_end = state.dev_trained
-        if promoted:
-            bt = BacktestResult.model_validate_json(Path(next(c for c in state.candidates
-                                                              if c.branch == promoted).backtest).read_text())
-            arms = [a for a in bt.short_run.arms if a.role == "candidate"]
-            dev_end = min(arms, key=lambda a: a.seed).dev_accuracy
+        winner = next((c for c in state.candidates if c.verdict and c.verdict.decision == "promote"), None)
+        promoted = winner.branch if winner else None
+        dev_end = self._first_arm(winner).dev_accuracy if winner else state.dev_trained
         record = GenerationRecord(
             generation=g, champion_commit=ws.harness.head("main"), checkpoint=state.checkpoint,
             dev_trained=state.dev_trained, dev_accuracy=dev_end, promoted=promoted,

@@ -526,15 +526,12 @@ def train_controls(run_dir: str | Path, generation: int, cfg: ShortRunConfig, se
                    on_progress=None) -> list[Arm]:
     """The control arms of a generation's short runs (the champion harness from the champion policy), trained
     ahead: candidates backtested in parallel threads then find them done, or wait for them (one lock per arm)."""
-    from evotrainer.trainer import jobs
     from evotrainer.workspaces.run import RunWorkspace
 
     ws = RunWorkspace.open(run_dir)
-    cfg_run, repo = ws.config(), ws.harness
-    champ_commit = repo.head("main")
-    champ_dir = repo.export(champ_commit, ws.path / "backtests" / "harness" / champ_commit[:12])
-    start = ws.champion_checkpoint() or jobs.warm_policy(cfg_run.domain, cfg_run.seed, ws.path)
-    arms = _Arms(ws, cfg_run.domain, generation, start, cfg, cfg_run.fingerprint, on_progress)
+    cfg_run = ws.config()
+    champ_commit, champ_dir = ws.snapshot("main")
+    arms = _Arms(ws, cfg_run.domain, generation, ws.starting_policy(), cfg, cfg_run.fingerprint, on_progress)
     return [arms.run("control", "control", champ_commit, champ_dir, s)[0] for s in seeds]
 
 
@@ -559,10 +556,8 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
     if record is None:
         known = ", ".join(r.branch for r in repo.lineage()) or "none yet"
         raise UserError(f"branch {branch!r} is not a candidate of run {ws.path} (candidates: {known})")
-    commit, champ_commit = record.head, repo.head("main")
-    snapshots = ws.path / "backtests" / "harness"
-    cand_dir = repo.export(commit, snapshots / commit[:12])
-    champ_dir = repo.export(champ_commit, snapshots / champ_commit[:12])
+    commit, cand_dir = ws.snapshot(record.head)
+    champ_commit, champ_dir = ws.snapshot("main")
     thresholds = load_spec(champ_dir).analyzers  # the champion's gates judge every candidate
     problems = jobs.validate_harness(cand_dir, ws.path, label=f"candidate {branch}")
     if problems:
@@ -574,12 +569,9 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
     if replay_only and source is None:
         raise UserError(f"run {ws.path} has no stored rollouts of the champion line to replay on: train it first, "
                         "or drop --replay-only so the short run's control provides them")
-    short = None
-    start = ws.champion_checkpoint()
+    short, start = None, ws.champion_checkpoint()
     if not replay_only:
-        if start is None:
-            start = jobs.warm_policy(ws.config().domain, ws.config().seed, ws.path,
-                                     on_progress=on_progress("warm-up (SFT, cached)") if on_progress else None)
+        start = ws.starting_policy(on_progress("warm-up (SFT, cached)") if on_progress else None)
         short = short_run(ws, branch, commit, cand_dir, champ_commit, champ_dir, gen, start, cfg, thresholds,
                           on_progress)
         if source is None:  # the control arms are the champion harness's rollouts from the champion policy

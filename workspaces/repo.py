@@ -236,6 +236,26 @@ class HarnessRepo:
                       json.dumps({"generation": generation, "branch": branch, "reason": reason, **(verdict or {})}))
             self._remove_worktree(branch)
 
+    def prune_worktrees(self, worktrees_dir: str | Path) -> list[str]:
+        """Remove the worktrees of branches no longer open (left by a kill between a verdict and its cleanup);
+        returns their branch names."""
+        open_branches = {r.branch for r in self.lineage() if r.status == "open"}
+        removed = []
+        root = Path(worktrees_dir)
+        with self._locked():
+            self._git("worktree", "prune")
+            for d in sorted(root.iterdir()) if root.is_dir() else []:
+                branch = d.name.replace("--", "/", 1)
+                if branch in open_branches:
+                    continue
+                try:
+                    self._git("worktree", "remove", "--force", str(d))
+                except git.GitCommandError:  # not a registered worktree any more: only the folder is left
+                    shutil.rmtree(d, ignore_errors=True)
+                removed.append(branch)
+            self._git("worktree", "prune")
+        return removed
+
     def _remove_worktree(self, branch: str) -> None:
         for block in self._git("worktree", "list", "--porcelain").split("\n\n"):
             lines = dict(line.split(" ", 1) for line in block.splitlines() if " " in line)

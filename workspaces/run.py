@@ -151,6 +151,26 @@ class RunWorkspace:
             raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
         atomic_write_text(self._champion_file, json.dumps({"checkpoint": str(checkpoint), "generation": generation}))
 
+    def snapshot(self, ref: str = "main") -> tuple[str, Path]:
+        """The commit of `ref` and its files as a plain directory keyed by commit (`backtests/harness/<commit>`):
+        training, replays and agents read snapshots, so worktrees may change or go meanwhile."""
+        repo = self.harness
+        commit = repo.head(ref)
+        return commit, repo.export(commit, self.path / "backtests" / "harness" / commit[:12])
+
+    def starting_policy(self, on_progress=None) -> Path:
+        """The policy the next training starts from: the champion, else the run's `checkpoint`, else the domain's
+        cached warm policy (built on a miss)."""
+        champion = self.champion_checkpoint()
+        if champion is not None:
+            return champion
+        cfg = self.config()
+        if cfg.checkpoint:
+            return Path(cfg.checkpoint)
+        from evotrainer.trainer import jobs
+
+        return jobs.warm_policy(cfg.domain, cfg.seed, self.path, on_progress=on_progress)
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive ownership of the run; a second driver gets an error naming the holder's pid."""

@@ -346,9 +346,13 @@ def divergence_gate(files: Files, findings: list[Finding]) -> Change | None:
     components = [r["name"] for r in _spec(files).get("rewards", []) if r["name"] != "correctness"]
     culprit = next((c for c in _culprit_components(findings) if c in components), None) or \
         (components[0] if components else "reward")
+    change = divergence_gate_change(culprit)
+    return None if set(change.files) <= set(files) else change
+
+
+def divergence_gate_change(culprit: str) -> Change:
+    """The divergence gate on one reward component, as a change (the transform, and diagnostics revision)."""
     path, src = divergence_gate_code(culprit)
-    if path in files:
-        return None
     return Change({path: src}, f"add a divergence gate on {culprit}",
                   f"If {culprit} is gated against the sealed grade, a candidate whose train reward rises without dev "
                   "is blocked before promotion.", ExpectedEffect(metric="missed_gates", direction="down", size=1))

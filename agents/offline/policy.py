@@ -13,7 +13,7 @@ The embedded default when no meta-LLM is configured, and labelled as rule-based 
 
 from __future__ import annotations
 
-from evotrainer.agents.offline.catalog import CATALOG, Change, apply, divergence_gate_code
+from evotrainer.agents.offline.catalog import CATALOG, Change, apply, divergence_gate_change
 from evotrainer.agents.schemas import (
     Bottleneck,
     CodeInput,
@@ -122,7 +122,4 @@ class OfflinePolicy:
 
     def revision(self, files: dict[str, str], culprit: str) -> Change:
         """Diagnostics revision: a divergence gate on the component whose reward rose without dev."""
-        path, src = divergence_gate_code(culprit)
-        return Change({path: src}, f"add a divergence gate on {culprit}",
-                      f"If {culprit} is gated against the sealed grade, a candidate whose train reward rises without "
-                      "dev is blocked before promotion.")
+        return divergence_gate_change(culprit)
