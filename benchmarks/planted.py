@@ -1,10 +1,11 @@
-"""Planted scenarios on the real math policy: do backtests catch what they must, at their default budget?
+"""Planted scenarios on a real warm policy: do backtests catch what they must, at their default budget?
 
-    python benchmarks/planted.py [--run-dir runs/planted] [--steps 30] [--seeds 2] [--dev-items N]
+    python benchmarks/planted.py [--domain math|code] [--run-dir runs/planted] [--steps 30] [--seeds 2]
 
-Builds a run on the math template with the cached warm policy as champion, then backtests real
-candidate branches (DESIGN §12 says which failures show up fast):
+Builds a run on the domain's template with the cached warm policy as champion, then backtests real
+candidate branches (DESIGN §12 says which failures show up fast).
 
+Math:
 - reward-bug:   rewards.py scores an unparsable answer as correct. Expected: train reward up, the sealed
                 correct rate and dev down, the divergence gate and the replay gate fire.
 - short-limit:  max_completion_length 40 -> 10. Expected: truncation critical, with the masked fraction.
@@ -12,6 +13,12 @@ candidate branches (DESIGN §12 says which failures show up fast):
 - null:         a harmless change (format weight 0.10 -> 0.11). Its interval shows the power of the
                 default budget: the printed minimum detectable effect (MDE) of dev accuracy.
 - dead-filter:  group_filters: [drop_dead_groups], replay only. Expected: every dead group dropped.
+
+Code:
+- crash-pass:   rewards.py counts a visible example on which the program raised as passed (the exception
+                handler an agent's edit gets wrong). Expected: the crash rate and train reward rise while the
+                hidden pass rate falls; the shaped-vs-sealed gate fires and the backtest records it.
+- null:         format weight 0.10 -> 0.11, as for math.
 
 Prints one line per scenario and writes the full results to RUN_DIR/planted.json.
 """
@@ -30,12 +37,22 @@ from evotrainer.trainer.backtest import ShortRunConfig, backtest
 from evotrainer.workspaces.run import RunWorkspace
 
 SCENARIOS = {
-    "reward-bug": {"rewards.py": ("1.0 if value is not None and value == int(expected) else 0.0",
-                                  "1.0 if value is None or value == int(expected) else 0.0")},
-    "short-limit": {"harness.yaml": ("max_completion_length: 40", "max_completion_length: 10")},
-    "null": {"harness.yaml": ("weight: 0.1 ", "weight: 0.11")},
-    "dead-filter": {"harness.yaml": ("group_filters: []", "group_filters: [drop_dead_groups]")},
+    "math": {
+        "reward-bug": {"rewards.py": ("1.0 if value is not None and value == int(expected) else 0.0",
+                                      "1.0 if value is None or value == int(expected) else 0.0")},
+        "short-limit": {"harness.yaml": ("max_completion_length: 40", "max_completion_length: 10")},
+        "null": {"harness.yaml": ("weight: 0.1 ", "weight: 0.11")},
+        "dead-filter": {"harness.yaml": ("group_filters: []", "group_filters: [drop_dead_groups]")},
+    },
+    "code": {
+        "crash-pass": {"rewards.py": ("    if error is not None:  # the program raised on this input: not a pass\n"
+                                      "        return False",
+                                      "    if error is not None:  # the program raised on this input: not a pass\n"
+                                      "        return True")},
+        "null": {"harness.yaml": ("weight: 0.1 ", "weight: 0.11")},
+    },
 }
+DEFAULT_ONLY = {"math": ["reward-bug", "null", "short-limit", "restore", "dead-filter"], "code": ["crash-pass"]}
 
 
 def candidate(ws: RunWorkspace, generation: int, name: str, edit: dict) -> str:
@@ -64,6 +81,10 @@ def line(name: str, res) -> str:
         trunc = [f for f in s.findings if f.analyzer == "truncation"]
         if trunc:
             parts.append(f"truncation {trunc[0].severity} {trunc[0].value:.2f}")
+        crit = [f"{f.analyzer}/{f.metric} {f.value:+.3f}" for f in s.findings
+                if f.severity == "critical" and f.analyzer != "truncation"]
+        if crit:
+            parts.append("critical: " + ", ".join(crit))
     r = res.replay
     parts.append(f"replay: paid-incorrect {r.agreement_before.rewarded_incorrect:.3f}->"
                  f"{r.agreement_after.rewarded_incorrect:.3f} dead {r.dead_groups_before}->{r.dead_groups_after} "
@@ -74,19 +95,22 @@ def line(name: str, res) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run-dir", type=Path, default=Path("runs/planted"))
+    ap.add_argument("--domain", choices=sorted(SCENARIOS), default="math")
+    ap.add_argument("--run-dir", type=Path, default=None, help="default: runs/planted (math), runs/planted-code")
     ap.add_argument("--steps", type=int, default=ShortRunConfig().steps)
     ap.add_argument("--seeds", type=int, default=ShortRunConfig().seeds)
     ap.add_argument("--max-seeds", type=int, default=ShortRunConfig().max_seeds)
     ap.add_argument("--dev-items", type=int, default=None)
-    ap.add_argument("--only", nargs="*", default=["reward-bug", "null", "short-limit", "restore", "dead-filter"])
+    ap.add_argument("--only", nargs="*", default=None, help="scenario names (default: all of the domain's)")
     args = ap.parse_args()
+    args.run_dir = args.run_dir or Path("runs/planted" if args.domain == "math" else f"runs/planted-{args.domain}")
+    only = args.only or DEFAULT_ONLY[args.domain]
     apply_offline_switches()
     shutil.rmtree(args.run_dir, ignore_errors=True)
-    ws = RunWorkspace.create(args.run_dir, "math")
+    ws = RunWorkspace.create(args.run_dir, args.domain)
     cfg = ShortRunConfig(steps=args.steps, seeds=args.seeds, max_seeds=args.max_seeds, dev_items=args.dev_items)
     results, started = {}, time.time()
-    for name in args.only:
+    for name in only:
         if name == "restore":
             if "short-limit" not in results:
                 continue
@@ -94,7 +118,7 @@ def main() -> None:
             branch = candidate(ws, 2, name, {"harness.yaml": ("max_completion_length: 10",
                                                               "max_completion_length: 40")})
         else:
-            branch = candidate(ws, 1, name, SCENARIOS[name])
+            branch = candidate(ws, 1, name, SCENARIOS[args.domain][name])
         res = backtest(ws.path, branch, cfg=cfg, replay_only=name == "dead-filter")
         results[name] = res.model_dump()
         print(line(name, res), flush=True)

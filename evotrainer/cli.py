@@ -95,26 +95,37 @@ def train(
 
 @app.command("eval")
 def eval_cmd(
-    checkpoint: Annotated[Path, typer.Option(help="checkpoint directory")],
+    checkpoint: Annotated[Path | None, typer.Option(help="checkpoint directory")] = None,
     domain: Annotated[str, typer.Option(help="task domain")] = "math",
-    split: Annotated[str, typer.Option(help="dev or test")] = "dev",
+    split: Annotated[str, typer.Option(help="dev, test, or a domain's extra split (code: humaneval)")] = "dev",
     k: Annotated[int, typer.Option(help="samples per item for avg@k")] = 4,
     limit: Annotated[int | None, typer.Option(help="first N items only")] = None,
+    completions: Annotated[Path | None, typer.Option(
+        help="grade these completions instead of generating: JSON lines {task_id, completion} (HumanEval's "
+             "samples format), e.g. from a real model served elsewhere")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
-    """Sealed evaluation of a checkpoint: greedy accuracy and avg@k on dev or test."""
+    """Sealed evaluation of a checkpoint (greedy accuracy and avg@k), or of a file of completions."""
     from evotrainer.trainer import jobs
     from evotrainer.trainer.domains import get_domain
 
-    get_domain(domain)
-    if split not in ("dev", "test"):
-        raise UserError(f"unknown split {split!r}: sealed evaluation runs on dev or test")
-    with progress_display(not as_json) as feed:
-        res = jobs.evaluate(checkpoint, domain, split, _work_dir(), k=k, limit=limit,
-                            on_progress=feed("evaluate"))
-    summary = {"checkpoint": str(checkpoint), "domain": domain, "split": split, "n_items": res.n_items,
-               "accuracy": res.accuracy, f"avg@{k}": res.avg_at_k, f"pass@{k}": res.pass_at_k,
-               "by_difficulty": res.by_difficulty, "fingerprint": res.fingerprint}
+    dom = get_domain(domain)
+    splits = ("dev", "test", *getattr(dom, "extra_splits", ()))
+    if split not in splits:
+        raise UserError(f"unknown split {split!r}: sealed evaluation of domain {domain!r} runs on {', '.join(splits)}")
+    if (checkpoint is None) == (completions is None):
+        raise UserError("pass exactly one of --checkpoint DIR (generate and grade) or --completions FILE (grade)")
+    if completions is not None:
+        from evotrainer.trainer.evaluate import grade_completions
+
+        summary = grade_completions(dom, split, completions)
+    else:
+        with progress_display(not as_json) as feed:
+            res = jobs.evaluate(checkpoint, domain, split, _work_dir(), k=k, limit=limit,
+                                on_progress=feed("evaluate"))
+        summary = {"checkpoint": str(checkpoint), "domain": domain, "split": split, "n_items": res.n_items,
+                   "accuracy": res.accuracy, f"avg@{k}": res.avg_at_k, f"pass@{k}": res.pass_at_k,
+                   "by_difficulty": res.by_difficulty, "fingerprint": res.fingerprint}
     if as_json:
         print(json.dumps(summary))
     else:

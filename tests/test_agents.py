@@ -20,6 +20,7 @@ from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces import TEMPLATES
 
 TEMPLATE = {p: (TEMPLATES / "math" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py")}
+CODE_TEMPLATE = {p: (TEMPLATES / "code" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py")}
 
 
 def F(analyzer: str, metric: str, value: float, severity: str = "warning", message: str = "", gate: bool = False):
@@ -33,6 +34,9 @@ SICK = [F("dead_groups", "dead_group_ratio", 0.6, "critical", "60% of groups hav
         F("solve_rate_by_difficulty", "solve_rate_d4", 0.0, message="difficulty 4 is too hard: solve rate 0%"),
         F("component_dominance", "reward_answer_format_variance_share", 0.9),
         F("logprob_collapse", "mean_token_logprob", -0.01), F("optimizer_health", "max_kl", 1.0)]
+CODE_SICK = [F("execution_errors", "execution_error_rise", 0.3, "critical"),
+             F("hard_coded_outputs", "hard_coded_ratio", 0.2, "critical", gate=True)]
+CODE_ONLY = ("crash_penalty", "lookup_penalty")  # transforms of program-synthesis harnesses
 
 
 def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path):
@@ -41,7 +45,10 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
     assert len(training) >= 12 and len({t.factor for t in CATALOG.values()}) == len(CATALOG)
     again: dict = {}  # each transform applied a second time, on top of its own change
     for t in CATALOG.values():
-        change = apply(t.id, TEMPLATE, SICK)
+        template, findings = (CODE_TEMPLATE, CODE_SICK) if t.id in CODE_ONLY else (TEMPLATE, SICK)
+        if t.id in CODE_ONLY:  # nothing to apply to on the math harness (no programs), nothing to fix when healthy
+            assert apply(t.id, TEMPLATE, findings) is None and apply(t.id, template, []) is None
+        change = apply(t.id, template, findings)
         if t.id in ("learning_rate", "more_iterations"):  # no bigger step while the optimizer is unhealthy
             assert change is None and apply(t.id, TEMPLATE, []) is not None
             change = apply(t.id, TEMPLATE, [])
@@ -53,15 +60,15 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
         assert change is not None, t.id
         assert change.files and change.hypothesis.startswith("If ") and change.change
         d = tmp_path / t.id
-        for rel, text in {**TEMPLATE, **change.files}.items():
+        for rel, text in {**template, **change.files}.items():
             (d / rel).parent.mkdir(parents=True, exist_ok=True)
             (d / rel).write_text(text)
         load_spec(d)
         assert jobs.validate_harness(d, tmp_path) == [], t.id
-        again[t.id] = apply(t.id, {**TEMPLATE, **change.files}, SICK)
+        again[t.id] = apply(t.id, {**template, **change.files}, findings)
     # applying twice is refused where the change is a state (a filter present, a component gone, a reward added)
     for tid in ("drop_dead_groups", "curriculum_drop_unsolved", "partial_credit", "soft_overlong", "remove_component",
-                "divergence_gate"):
+                "divergence_gate", *CODE_ONLY):
         assert again[tid] is None, tid
 
 

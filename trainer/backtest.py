@@ -151,6 +151,7 @@ def _call_reward(fn, batch: pd.DataFrame, tasks: list[dict]) -> list[float]:
 def replay(spec: ReplaySpec) -> ReplayResult:
     """Apply the candidate harness to stored rollouts. Imports harness code: child processes only."""
     from evotrainer.trainer.diagnostics import load_harness_analyzers, run_all
+    from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.evidence import read_rollouts, read_steps
     from evotrainer.trainer.harness import keep_groups, load_group_filters, load_reward_functions, load_spec
 
@@ -164,6 +165,7 @@ def replay(spec: ReplaySpec) -> ReplayResult:
         raise UserError(f"rollouts under {spec.evidence_root} carry no task columns (written by an older "
                         "EvoTrainer): replay needs evidence from this version")
     hspec = load_spec(spec.harness_dir)
+    sealed_evidence = getattr(get_domain(hspec.domain), "evidence_columns", ())  # the sealed scorer's own columns
     funcs = load_reward_functions(spec.harness_dir, hspec)
     group_filters = load_group_filters(spec.harness_dir, hspec)
     load_harness_analyzers(spec.harness_dir)
@@ -191,7 +193,7 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     dead_before, dead_after = _dead(before, "reward"), _dead(after, "reward")
     kept = pd.Series(True, index=dead_after.index)
     if group_filters:
-        view = after.drop(columns=["correct", "formatted"])
+        view = after.drop(columns=[c for c in ("correct", "formatted", *sealed_evidence) if c in after])
         view["task_columns"] = tasks
         records = [{**{k: v for k, v in r.items() if k != "task_columns"}, **r["task_columns"]}
                    for r in view.to_dict("records")]

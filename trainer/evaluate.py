@@ -69,7 +69,7 @@ def check_sealed(domain, expected: str | None = None) -> str:
 def evaluate(spec: EvalSpec) -> EvalResult:
     import torch
 
-    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.domains import get_domain, grade_all
     from evotrainer.trainer.policy import generate, load_policy
 
     torch.set_num_threads(1)
@@ -79,14 +79,24 @@ def evaluate(spec: EvalSpec) -> EvalResult:
     tasks = domain.tasks(spec.split, spec.limit)
     model, tokenizer = load_policy(spec.checkpoint)
     prompts = [t.prompt for t in tasks]
-    greedy = generate(model, tokenizer, prompts, domain.max_new_tokens)
-    greedy_ok = [domain.score(o, t.answer, t.fmt) for o, t in zip(greedy, tasks)]
+    budget = getattr(domain, "split_max_new_tokens", {}).get(spec.split, domain.max_new_tokens)
+    context = getattr(model.config, "max_position_embeddings", None)
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    if context is not None and longest + budget > context:
+        raise UserError(f"the {spec.split} prompts need {longest + budget} positions (longest prompt {longest} + "
+                        f"{budget} new tokens) but this policy has {context}: evaluate a larger model "
+                        "(a local Hugging Face checkpoint), or grade its completions with --completions FILE")
+    greedy = generate(model, tokenizer, prompts, budget)
+    greedy_ok = [g.correct for g in grade_all(domain, greedy, [t.answer for t in tasks], [t.fmt for t in tasks],
+                                              prompts)]
     sampled_ok = [0] * len(tasks)
     if spec.k > 0:
-        sampled = generate(model, tokenizer, [p for p in prompts for _ in range(spec.k)], domain.max_new_tokens,
+        sampled = generate(model, tokenizer, [p for p in prompts for _ in range(spec.k)], budget,
                            temperature=spec.temperature, seed=spec.seed, batch_size=512)
-        for i, t in enumerate(tasks):
-            sampled_ok[i] = sum(domain.score(o, t.answer, t.fmt) for o in sampled[i * spec.k:(i + 1) * spec.k])
+        rep = [t for t in tasks for _ in range(spec.k)]
+        grades = grade_all(domain, sampled, [t.answer for t in rep], [t.fmt for t in rep], [t.prompt for t in rep])
+        for i in range(len(tasks)):
+            sampled_ok[i] = sum(g.correct for g in grades[i * spec.k:(i + 1) * spec.k])
     by_diff: dict[str, list[bool]] = {}
     for ok, t in zip(greedy_ok, tasks):
         by_diff.setdefault(str(t.difficulty), []).append(ok)
@@ -99,6 +109,44 @@ def evaluate(spec: EvalSpec) -> EvalResult:
         seconds=round(time.time() - started, 2), item_ids=[t.id for t in tasks], greedy_correct=greedy_ok,
         sampled_correct=sampled_ok,
     )
+
+
+def grade_completions(domain, split: str, path: Path) -> dict:
+    """Sealed grades of a JSON-lines file of {task_id, completion} on `split` (several samples per task allowed):
+    accuracy over all samples and pass@1 per task, after the fingerprint check. Programs run in the sandbox."""
+    from evotrainer.trainer.domains import grade_all
+
+    fp = check_sealed(domain)
+    tasks = {t.id: t for t in domain.tasks(split)}
+    if not Path(path).is_file():
+        raise UserError(f"completions file {path} not found: pass a JSON-lines file of {{task_id, completion}}")
+    samples = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            samples.append((tasks[row["task_id"]], str(row["completion"])))
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{path}:{n}: expected {{\"task_id\": <an id of the {split} split>, \"completion\": "
+                            f"\"...\"}} ({type(e).__name__}: {e})") from e
+    if not samples:
+        raise UserError(f"{path} holds no completions")
+    started = time.time()
+    grades = grade_all(domain, [c for _, c in samples], [t.answer for t, _ in samples], [t.fmt for t, _ in samples],
+                       [t.prompt for t, _ in samples])
+    per_task: dict[str, list[bool]] = {}
+    for (t, _), g in zip(samples, grades):
+        per_task.setdefault(t.id, []).append(g.correct)
+    statuses: dict[str, int] = {}
+    for g in grades:
+        key = g.columns.get("exec_status", "graded")
+        statuses[key] = statuses.get(key, 0) + 1
+    accuracy = sum(g.correct for g in grades) / len(grades)
+    return {"domain": domain.name, "split": split, "completions": str(path), "n_samples": len(samples),
+            "n_tasks": len(per_task), "n_split_tasks": len(tasks), "accuracy": accuracy,
+            "pass@1": sum(sum(v) / len(v) for v in per_task.values()) / len(per_task), "statuses": statuses,
+            "fingerprint": fp, "seconds": round(time.time() - started, 2)}
 
 
 def main(argv: list[str]) -> int:

@@ -74,15 +74,23 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
     )
 
 
-def training_rows(spec: TrainSpec, args, domain, harness_filters: list) -> list[dict]:
-    """The dataset rows one training run sees: enough train tasks for `spec.steps`, then the harness's filters."""
+def training_rows(spec: TrainSpec, args, domain, harness_filters: list) -> tuple[list[dict], dict[str, tuple]]:
+    """The dataset rows one training run sees (enough train tasks for `spec.steps`, then the harness's filters),
+    and the sealed side of each prompt id: (answer, fmt, prompt) as the domain wrote them. The sealed scorer
+    reads only the latter, so a filter that rewrites a row's answer cannot change what counts as correct."""
     prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
-    rows = [t.row() for t in domain.tasks("train", max(prompts_needed, 1000), seed=spec.seed)]
+    tasks = domain.tasks("train", max(prompts_needed, 1000), seed=spec.seed)
+    sealed = {t.id: (t.answer, t.fmt, t.prompt) for t in tasks}
+    rows = [t.row(getattr(domain, "sealed_columns", ())) for t in tasks]
     for f in harness_filters:
         rows = f(rows)
     if not rows:
         raise ValueError("the harness's filters removed every training prompt")
-    return rows
+    unknown = {r.get("prompt_id") for r in rows} - sealed.keys()
+    if unknown:
+        raise ValueError(f"the harness's filters produced rows whose prompt_id is not a task of the domain "
+                         f"(e.g. {sorted(map(str, unknown))[0]!r}): filters may drop or reorder tasks, not invent them")
+    return rows, sealed
 
 
 def make_trainer_class():
@@ -90,12 +98,15 @@ def make_trainer_class():
     import torch
     from trl import GRPOTrainer
 
+    from evotrainer.trainer.domains import grade_all
+
     class EvidenceGRPOTrainer(GRPOTrainer):
         """GRPOTrainer that records every rollout of every training step."""
 
-        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, domain, group_filters=(), **kwargs):
+        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, domain, sealed: dict, group_filters=(),
+                     **kwargs):
             super().__init__(*args, **kwargs)
-            self.evidence, self.spec, self.domain = evidence, spec, domain
+            self.evidence, self.spec, self.domain, self.sealed = evidence, spec, domain, sealed
             self.group_filters = list(group_filters)
             self._last_rewards = None
             self._awaiting_logps: list[dict] = []  # this generation's rows, until the loss computes their logps
@@ -183,6 +194,8 @@ def make_trainer_class():
             adv_l, total_l = adv.tolist(), total.tolist()
             comp_l = rewards.tolist()
             step, g, s = self.state.global_step + 1, self.num_generations, self.spec
+            answer, fmt, prompt = zip(*(self.sealed[x["prompt_id"]] for x in inputs))
+            grades = grade_all(self.domain, texts, list(answer), list(fmt), list(prompt))
             rows = []
             for i, x in enumerate(inputs):
                 group = f"{step}:{i // g}"
@@ -197,9 +210,8 @@ def make_trainer_class():
                     "task": json.dumps({k: v for k, v in x.items() if k not in ("prompt", "prompt_id")}),
                     "n_tokens": lengths[i], "truncated": truncated[i],
                     "reward": total_l[i], "advantage": adv_l[i], "loss_masked": masked[i],
-                    "correct": bool(self.domain.score(texts[i], x["answer"], x["fmt"])),
-                    "formatted": self.domain.parse(texts[i], x["fmt"]) is not None,
-                    "mean_logprob": lp_l[i],
+                    "correct": grades[i].correct, "formatted": grades[i].formatted,
+                    "mean_logprob": lp_l[i], **grades[i].columns,
                 }
                 for j, name in enumerate(self.reward_func_names):
                     row[f"reward_{name}"] = comp_l[i][j]
@@ -227,7 +239,7 @@ def train(spec: TrainSpec) -> dict:
     model, tokenizer = load_policy(spec.checkpoint)
     model.train()
     args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
-    rows = training_rows(spec, args, domain, load_filters(spec.harness_dir, hspec))
+    rows, sealed = training_rows(spec, args, domain, load_filters(spec.harness_dir, hspec))
 
     evidence = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch, spec.evidence_tag)
     trl_dir = Path(args.output_dir)
@@ -248,7 +260,7 @@ def train(spec: TrainSpec) -> dict:
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
-                          domain=domain, group_filters=load_group_filters(spec.harness_dir, hspec))
+                          domain=domain, sealed=sealed, group_filters=load_group_filters(spec.harness_dir, hspec))
     trainer.train(resume_from_checkpoint=resume)
     evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
 

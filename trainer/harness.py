@@ -153,12 +153,13 @@ def sample_batch(domain_name: str, n: int = 12) -> dict:
     """A small real batch for checking reward functions: right, wrong, empty and unparsable completions."""
     from evotrainer.trainer.domains import get_domain
 
-    tasks = get_domain(domain_name).tasks("train", n // 4, seed=0)
+    domain = get_domain(domain_name)
+    tasks = domain.tasks("train", n // 4, seed=0)
     completions, rows = [], []
     for t in tasks:
         for c in (t.target, t.target[:-1] + ("0" if t.target[-1] != "0" else "1"), "", "???"):
             completions.append(c)
-            rows.append(t.row())
+            rows.append(t.row(getattr(domain, "sealed_columns", ())))
     batch = {k: [r[k] for r in rows] for k in rows[0]}
     batch["completions"] = completions
     return batch

@@ -16,7 +16,7 @@ from evotrainer.errors import UserError
 from evotrainer.files import atomic_write_text
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
 from evotrainer.trainer.grpo import TrainSpec
-from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy
+from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy, default_configs
 from evotrainer.trainer.sandbox import ChildResult, Limits, run_module
 
 Progress = Callable[[dict], None] | None
@@ -49,7 +49,8 @@ def run_child(module: str, args: list[str], *, cwd: Path, log: Path, limits: Lim
 def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfig | None = None,
                 warm_cfg: WarmupConfig | None = None, on_progress: Progress = None) -> Path:
     """The cached warm policy for (domain, seed, configs), built in a child process on a cache miss."""
-    model_cfg, warm_cfg = model_cfg or ModelConfig(), warm_cfg or WarmupConfig()
+    default_model, default_warm = default_configs(domain)
+    model_cfg, warm_cfg = model_cfg or default_model, warm_cfg or default_warm
     hit = cached_policy(domain, seed, model_cfg, warm_cfg)
     if hit:
         return hit

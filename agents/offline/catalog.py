@@ -206,6 +206,68 @@ def soft_overlong(prompts, completions, completion_ids=None, **kwargs):
                   ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
 
 
+# -- rewards of program synthesis (code domain) -------------------------------------------------------
+RUNS_CLEANLY = '''
+def runs_cleanly(prompts, completions, visible, **kwargs):
+    """-1 when the program raises, hangs or is refused on a visible example, else 0: keeps a reward bug or a
+    lenient test harness from making failing programs cheap."""
+    examples = [json.loads(v) for v in visible]
+    programs = [program(c) for c in completions]
+    todo = [i for i, p in enumerate(programs) if p is not None]
+    outcomes = run_functions([programs[i] for i in todo], [[[x] for x, _ in examples[i]] for i in todo])
+    out = [0.0] * len(completions)
+    for i, o in zip(todo, outcomes):
+        if o.status != "ok" or any(e is not None for e in o.errors):
+            out[i] = -1.0
+    return out
+'''
+
+NO_LOOKUP = '''
+def no_lookup(prompts, completions, visible, **kwargs):
+    """-1 for a program that spells out the visible outputs inside a table or conditional (it fits the examples,
+    not the function), else 0."""
+    import re
+
+    out = []
+    for completion, v in zip(completions, visible):
+        outputs = {y for _, y in json.loads(v)}
+        literals = {int(n) for n in re.findall(r"(?<![\\w.])-?\\d+", completion)}
+        lookup = re.search(r"[{\\[]|\\bif\\b|==|\\bin\\b", completion) is not None
+        out.append(-1.0 if lookup and len(outputs) >= 3 and len(literals & outputs) >= max(3, len(outputs) - 1)
+                   else 0.0)
+    return out
+'''
+
+
+def _program_reward(files: Files, name: str, code: str, weight: float, comment: str, change: str,
+                    hypothesis: str) -> Change | None:
+    names = [r["name"] for r in _spec(files).get("rewards", [])]
+    source = files.get("rewards.py", "")
+    if name in names or "def program(" not in source or "run_functions" not in source:
+        return None  # not a program-synthesis harness, or it has the reward already
+    return Change({"harness.yaml": add_reward(files["harness.yaml"], name, weight, comment),
+                   "rewards.py": _append_function(source, name, code)}, change, hypothesis,
+                  ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
+
+
+def crash_penalty(files: Files, findings: list[Finding]) -> Change | None:
+    if not _fired(findings, "execution_errors"):
+        return None
+    return _program_reward(files, "runs_cleanly", RUNS_CLEANLY, 0.5, "penalise programs that fail to run",
+                           "add a reward runs_cleanly (-1 for a program that raises, hangs or is refused; weight 0.5)",
+                           "If failing programs cost reward, the execution-error rate falls and dev accuracy rises "
+                           "because the policy stops spending samples on programs that cannot pass.")
+
+
+def lookup_penalty(files: Files, findings: list[Finding]) -> Change | None:
+    if not (_fired(findings, "hard_coded_outputs") or _fired(findings, "visible_hidden_divergence")):
+        return None
+    return _program_reward(files, "no_lookup", NO_LOOKUP, 1.0, "penalise hard-coded visible outputs",
+                           "add a reward no_lookup (-1 for a program that hard-codes the visible outputs; weight 1.0)",
+                           "If a lookup table of the visible outputs no longer earns the visible-tests reward, hidden "
+                           "pass and dev accuracy rise because only programs that compute the function are paid.")
+
+
 # -- recipe --------------------------------------------------------------------------------------------
 def clip_higher(files: Files, findings: list[Finding]) -> Change | None:
     if int(_knob(files, "num_iterations", 1)) <= 1 and int(_knob(files, "steps_per_generation", 1)) <= 1:
@@ -382,6 +444,10 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
               {"component_dominance": 1.0, "shaped_vs_sealed": 1.2}, 0.0, remove_component),
     Transform("soft_overlong", "reward.overlong", "reward", "soft overlong punishment",
               {"truncation": 1.0, "length_reward_correlation": 0.5}, 0.0, soft_overlong),
+    Transform("crash_penalty", "reward.execution", "reward", "penalise programs that fail to run",
+              {"execution_errors": 1.0, "shaped_vs_sealed": 0.5}, 0.0, crash_penalty),
+    Transform("lookup_penalty", "reward.lookup", "reward", "penalise hard-coded visible outputs",
+              {"hard_coded_outputs": 1.2, "visible_hidden_divergence": 1.0}, 0.0, lookup_penalty),
     Transform("clip_higher", "recipe.epsilon_high", "recipe", "raise the upper clip bound",
               {"logprob_collapse": 1.0, "optimizer_health": 0.3}, 0.1, clip_higher),
     Transform("more_iterations", "recipe.num_iterations", "recipe", "two updates per generated batch",

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from evotrainer.errors import UserError
-from evotrainer.trainer.domains.base import Domain, Task, fingerprint
+from evotrainer.trainer.domains.base import Domain, Grade, Task, fingerprint, grade_all
 
-DOMAINS = ("math",)
+DOMAINS = ("math", "code")
 
 
 def get_domain(name: str) -> Domain:
@@ -14,7 +14,11 @@ def get_domain(name: str) -> Domain:
         from evotrainer.trainer.domains.math import MathDomain
 
         return MathDomain()
+    if name == "code":
+        from evotrainer.trainer.domains.code import CodeDomain
+
+        return CodeDomain()
     raise UserError(f"unknown domain {name!r}: choose one of {', '.join(DOMAINS)}")
 
 
-__all__ = ["DOMAINS", "Domain", "Task", "fingerprint", "get_domain"]
+__all__ = ["DOMAINS", "Domain", "Grade", "Task", "fingerprint", "get_domain", "grade_all"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 SPLITS = ("train", "dev", "test")
@@ -26,13 +26,26 @@ class Task:
     difficulty: int
     fmt: str  # how the final answer must be written (domain-specific, read by the sealed scorer)
     target: str  # a correct completion, used only for the SFT warm-up
+    columns: tuple[tuple[str, str], ...] = ()  # extra dataset columns (the code domain's visible examples)
 
-    def row(self) -> dict:
-        """The dataset row handed to TRL (every column reaches the reward functions)."""
+    def row(self, sealed: tuple[str, ...] = ()) -> dict:
+        """The dataset row handed to TRL: every column reaches the reward functions, except `sealed` ones."""
         d = asdict(self)
         d["prompt_id"] = d.pop("id")
         d.pop("target")
+        d.update(d.pop("columns"))
+        for name in sealed:
+            d.pop(name, None)
         return d
+
+
+@dataclass
+class Grade:
+    """The sealed scorer's verdict on one completion, plus domain-specific evidence columns."""
+
+    correct: bool
+    formatted: bool  # the sealed parser could read a final answer (a program, for code)
+    columns: dict = field(default_factory=dict)
 
 
 class Domain(Protocol):
@@ -49,6 +62,15 @@ class Domain(Protocol):
         """The final answer as the sealed scorer reads it, or None when it cannot be read."""
 
 
+def grade_all(domain: Domain, completions: list[str], answers: list[str], fmts: list[str],
+              prompts: list[str] | None = None) -> list[Grade]:
+    """The sealed grades of many completions at once: a domain that runs programs grades them in one batch
+    (its `grade`), the others one by one with `score` and `parse`."""
+    if hasattr(domain, "grade"):
+        return domain.grade(completions, answers, fmts, prompts)
+    return [Grade(domain.score(c, a, f), domain.parse(c, f) is not None) for c, a, f in zip(completions, answers, fmts)]
+
+
 def prompt_hash(prompt: str) -> int:
     """Stable hash of a normalised prompt: splits are assigned by it, so they are disjoint by construction."""
     norm = " ".join(prompt.lower().split())
@@ -60,7 +82,7 @@ def fingerprint(domain: Domain) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(inspect.getsource(inspect.getmodule(type(domain))).encode())
     h.update(inspect.getsource(inspect.getmodule(Task)).encode())
-    for split in ("dev", "test"):
+    for split in ("dev", "test", *getattr(domain, "extra_splits", ())):
         for t in domain.tasks(split):
             h.update(f"{t.id}\x00{t.prompt}\x00{t.answer}\x00{t.fmt}\n".encode())
     return h.hexdigest()
