@@ -45,10 +45,8 @@ SCENARIOS = {
         "dead-filter": {"harness.yaml": ("group_filters: []", "group_filters: [drop_dead_groups]")},
     },
     "code": {
-        "crash-pass": {"rewards.py": ("    if error is not None:  # the program raised on this input: not a pass\n"
-                                      "        return False",
-                                      "    if error is not None:  # the program raised on this input: not a pass\n"
-                                      "        return True")},
+        "crash-pass": {"rewards.py": ("            out.append(0.0)\n            continue",
+                                      "            out.append(1.0)\n            continue")},
         "null": {"harness.yaml": ("weight: 0.1 ", "weight: 0.11")},
     },
 }

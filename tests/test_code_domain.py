@@ -101,7 +101,7 @@ def test_sealed_scorer_grades_hidden_tests_not_visible_ones():
     assert right.correct and right.columns == {"exec_status": "ok", "visible_pass": 1.0, "hidden_pass": 1.0}
     assert not lookup_g.correct and lookup_g.columns["visible_pass"] == 1.0 and lookup_g.columns["hidden_pass"] == 0
     assert not wrong.correct and wrong.formatted
-    assert not broken.formatted and broken.columns["exec_status"] == "unparsed"
+    assert not broken.formatted and broken.columns["exec_status"] == "syntax_error"
     assert d.score(" " + t.target + " ", t.answer, "expr")
     assert not d.score("__import__('os').getcwd()", t.answer, "expr")
 
@@ -147,7 +147,7 @@ def test_execution_error_tampering_and_divergence_analyzers(affine_task):
     n = 30
     rising = ["ok"] * 10 + ["ok"] * 8 + ["runtime_error"] * 2 + ["runtime_error"] * 8 + ["timeout"] * 2
     found = {f.metric: f for f in REGISTRY["execution_errors"].run(_rows(["x"] * n, affine_task, rising), None)}
-    assert "execution_error_rise" in found and "runtime_error" in found["execution_error_ratio"].message
+    assert found["execution_error_rise"].gate and "runtime_error" in found["execution_error_ratio"].message
     assert REGISTRY["execution_errors"].run(_rows(["x"] * n, affine_task), None) == []
 
     tamper = ["ok"] * 28 + ["forbidden", "early_exit"]

@@ -17,8 +17,10 @@ from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import TINY_MODEL, TINY_WARMUP, last_json, run_cli
 
-CRASH_PASS = ("    if error is not None:  # the program raised on this input: not a pass\n        return False",
-              "    if error is not None:  # the program raised on this input: not a pass\n        return True")
+CRASH_PASS = ("        if o.status != \"ok\":  # a syntax error, timeout, memory error or refused operation: no "
+              "example passes\n            out.append(0.0)",
+              "        if o.status != \"ok\":  # a syntax error, timeout, memory error or refused operation: no "
+              "example passes\n            out.append(1.0)")
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +44,14 @@ def code_run(cache_dir, tmp_path_factory) -> RunWorkspace:
 def test_evidence_carries_execution_columns_graded_on_hidden_tests(code_run):
     rows = read_rollouts(code_run.path / "evidence", 0, "main").to_pandas()
     assert len(rows) == 2 * 256
-    assert set(rows.exec_status) <= {"ok", "unparsed", "syntax_error", "runtime_error", "timeout", "memory",
-                                     "forbidden", "early_exit", "crash"}
+    assert set(rows.exec_status) <= {"ok", "syntax_error", "runtime_error", "timeout", "memory", "forbidden",
+                                     "early_exit", "crash"}
     assert rows.correct.tolist() == (rows.hidden_pass == 1.0).tolist()
-    assert rows.formatted.tolist() == (rows.exec_status != "unparsed").tolist()
-    # the harness's reward sees only the visible examples, and it agrees with the sealed visible pass
-    assert (abs(rows.reward_visible_tests - rows.visible_pass) < 1e-6).all()
+    assert not (~rows.formatted & (rows.exec_status != "syntax_error")).any()
+    # the harness's reward sees only the visible examples, and on one-line expressions it agrees with the sealed
+    # visible pass (the sealed format gate refuses multi-line bodies the harness may still run)
+    formatted = rows[rows.formatted]
+    assert len(formatted) > 20 and (abs(formatted.reward_visible_tests - formatted.visible_pass) < 1e-6).all()
     tasks = [json.loads(t) for t in rows.task]
     assert all("answer" not in t and "visible" in t for t in tasks)
     # the sealed grade is recomputed identically from the domain's own tasks, whatever the rows say
@@ -69,8 +73,8 @@ def test_replay_pays_crashing_programs_under_the_planted_bug(code_run):
                 factor="reward", generation=1)
     res = backtest(code_run.path, branch, replay_only=True)
     rows = read_rollouts(code_run.path / "evidence", 0, "main").to_pandas()
-    raising = rows[(rows.exec_status == "runtime_error")]
-    assert len(raising) > 0, "the tiny policy wrote no program that raises: nothing for the bug to pay"
+    failing = rows[rows.exec_status != "ok"]
+    assert len(failing) > 0, "the tiny policy wrote no failing program: nothing for the bug to pay"
     assert res.replay.reward_after.mean > res.replay.reward_before.mean
     assert res.replay.agreement_after.rewarded_incorrect > res.replay.agreement_before.rewarded_incorrect
 

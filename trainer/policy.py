@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import shutil
 import sys
 import time
@@ -50,13 +51,25 @@ class WarmupConfig:
     learning_rate: float = 1e-3
     eval_every: int = 250
     eval_items: int = 400
+    target_noise: float = 0.0  # share of SFT targets corrupted (cut short, or a stray character): see _noisy
+
+
+def _noisy(target: str, rng) -> str:
+    """A corrupted SFT target: cut short, or with a stray character inserted. A warm policy trained on a few of
+    these writes malformed answers about as often as small real models do, instead of almost never."""
+    if len(target) > 1 and rng.random() < 0.5:
+        return target[:rng.randint(1, len(target) - 1)]
+    i = rng.randint(0, len(target))
+    return target[:i] + rng.choice("()+-*,x") + target[i:]
 
 
 # Domains whose default policy differs from the 1M default. Code: expression synthesis needed ~1.6M parameters
-# to reach ~0.4 hidden pass after SFT (DESIGN §12); its SFT targets are short, so batches are larger.
+# to reach ~0.4 hidden pass after SFT (DESIGN §12). Trained on clean targets only, that policy wrote malformed
+# programs 1% of the time, far less than small real code models; 6% corrupted targets make it err like one.
 DOMAIN_POLICY: dict[str, tuple[ModelConfig, WarmupConfig]] = {
     "code": (ModelConfig(hidden_size=160, intermediate_size=640),
-             WarmupConfig(target_accuracy=0.40, max_steps=6000, batch_size=64, eval_every=250, eval_items=400)),
+             WarmupConfig(target_accuracy=0.40, max_steps=6000, batch_size=64, eval_every=250, eval_items=400,
+                          target_noise=0.06)),
 }
 
 
@@ -142,7 +155,10 @@ def cache_key(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupCo
     from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.domains.base import data_fingerprint
 
-    blob = json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg), "warmup": asdict(warm_cfg),
+    warmup = asdict(warm_cfg)
+    if not warmup["target_noise"]:  # absent from keys made before the knob existed: their policies stay valid
+        warmup.pop("target_noise")
+    blob = json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg), "warmup": warmup,
                        "charset": CHARSET, "data": data_fingerprint(get_domain(domain))}, sort_keys=True)
     return f"{domain}-s{seed}-{hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()}"
 
@@ -153,14 +169,12 @@ def cached_policy(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warm
     return path if (path / "meta.json").is_file() else None
 
 
-def _length_bucketed(tasks: list, batch_size: int, seed: int) -> list[dict]:
+def _length_bucketed(tasks: list, batch_size: int, seed: int, noise: float = 0.0) -> list[dict]:
     """SFT rows ordered so that each batch holds examples of similar length, batches in random order.
 
     A word problem is ~4x longer than a sum; padding every sum to it made SFT 3x slower. (TRL's
     `group_by_length` sampler sorts so strictly that batches became degenerate and SFT stalled.)
     """
-    import random
-
     rng = random.Random(seed)
     buckets: dict[int, list] = {}
     for t in tasks:
@@ -169,7 +183,9 @@ def _length_bucketed(tasks: list, batch_size: int, seed: int) -> list[dict]:
     for items in buckets.values():
         batches.extend(items[i:i + batch_size] for i in range(0, len(items) - batch_size + 1, batch_size))
     rng.shuffle(batches)
-    return [{"prompt": t.prompt, "completion": t.target} for batch in batches for t in batch]
+    noise_rng = random.Random(f"noise-{seed}")
+    return [{"prompt": t.prompt, "completion": _noisy(t.target, noise_rng) if noise_rng.random() < noise else t.target}
+            for batch in batches for t in batch]
 
 
 def warm_up(domain_name: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupConfig,
@@ -195,7 +211,8 @@ def warm_up(domain_name: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warmu
     tokenizer = build_tokenizer()
     model = build_model(model_cfg, tokenizer, seed)
     data = Dataset.from_list(_length_bucketed(domain.tasks("train", min(warm_cfg.max_steps, 1000) * warm_cfg.batch_size,
-                                                          seed=10_000 + seed), warm_cfg.batch_size, seed))
+                                                          seed=10_000 + seed), warm_cfg.batch_size, seed,
+                                              warm_cfg.target_noise))
     dev = domain.tasks("dev", warm_cfg.eval_items)
     max_new = max(len(t.target) for t in dev) + 8
     history: list[dict] = []

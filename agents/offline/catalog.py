@@ -127,11 +127,12 @@ def curriculum_drop_unsolved(files: Files, findings: list[Finding]) -> Change | 
 # -- rewards -------------------------------------------------------------------------------------------
 def format_weight(files: Files, findings: list[Finding]) -> Change | None:
     rewards = {r["name"]: r.get("weight", 1.0) for r in _spec(files).get("rewards", [])}
-    if "answer_format" not in rewards or rewards["answer_format"] >= 0.5 or not _fired(findings, "format_failures"):
+    name = next((n for n in rewards if n.endswith("_format")), None)  # answer_format (math), expression_format (code)
+    if name is None or rewards[name] >= 0.5 or not _fired(findings, "format_failures"):
         return None
-    new = round(min(0.5, max(0.3, rewards["answer_format"] * 3)), 3)
-    return Change({"harness.yaml": set_reward_weight(files["harness.yaml"], "answer_format", new)},
-                  f"raise the answer_format reward weight {rewards['answer_format']:g} -> {new:g}",
+    new = round(min(0.5, max(0.3, rewards[name] * 3)), 3)
+    return Change({"harness.yaml": set_reward_weight(files["harness.yaml"], name, new)},
+                  f"raise the {name} reward weight {rewards[name]:g} -> {new:g}",
                   "If we pay more for a readable final answer, the format failure rate falls and dev accuracy "
                   "rises because unreadable answers are graded wrong whatever they compute.",
                   ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
@@ -212,14 +213,8 @@ def runs_cleanly(prompts, completions, visible, **kwargs):
     """-1 when the program raises, hangs or is refused on a visible example, else 0: keeps a reward bug or a
     lenient test harness from making failing programs cheap."""
     examples = [json.loads(v) for v in visible]
-    programs = [program(c) for c in completions]
-    todo = [i for i, p in enumerate(programs) if p is not None]
-    outcomes = run_functions([programs[i] for i in todo], [[[x] for x, _ in examples[i]] for i in todo])
-    out = [0.0] * len(completions)
-    for i, o in zip(todo, outcomes):
-        if o.status != "ok" or any(e is not None for e in o.errors):
-            out[i] = -1.0
-    return out
+    outcomes = run_functions([program(c) for c in completions], [[[x] for x, _ in ex] for ex in examples])
+    return [-1.0 if o.status != "ok" or any(e is not None for e in o.errors) else 0.0 for o in outcomes]
 '''
 
 NO_LOOKUP = '''

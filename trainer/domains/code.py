@@ -198,7 +198,9 @@ class CodeDomain:
         fn_jobs, fn_idx, script_jobs, script_idx = [], [], [], []
         for i, (prog, ans, fmt) in enumerate(zip(programs, answers, fmts)):
             if prog is None:
-                grades[i] = Grade(False, False, {"exec_status": "unparsed", "visible_pass": 0.0, "hidden_pass": 0.0})
+                # the format gate: not one expression, so not run; reported as the syntax error it would raise
+                grades[i] = Grade(False, False, {"exec_status": "syntax_error", "visible_pass": 0.0,
+                                                 "hidden_pass": 0.0})
             elif fmt == "humaneval":
                 a = json.loads(ans)
                 script_jobs.append({"code": f"{prog}\n\n{a['test']}\n\ncheck({a['entry_point']})\n"})

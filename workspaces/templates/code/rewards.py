@@ -13,16 +13,21 @@ import json
 from evotrainer.trainer.execution import run_functions
 
 
-def program(completion: str):
-    """The function a completion defines, or None when it is not one Python expression on one line."""
+def program(completion: str) -> str:
+    """The function a completion defines: its text as the body of `def f(x): return ...`."""
+    return f"def f(x):\n    return {completion.strip()}\n"
+
+
+def is_expression(completion: str) -> bool:
+    """Whether the completion is one Python expression on one line."""
     expr = completion.strip()
     if not expr or "\n" in expr:
-        return None
+        return False
     try:
         ast.parse(expr, mode="eval")
     except (SyntaxError, ValueError):
-        return None
-    return f"def f(x):\n    return {expr}\n"
+        return False
+    return True
 
 
 def passes(got, error, want) -> bool:
@@ -33,20 +38,18 @@ def passes(got, error, want) -> bool:
 
 
 def visible_tests(prompts, completions, visible, **kwargs):
-    """Fraction of the visible examples the program reproduces; 0 when it does not parse, hangs or is refused."""
+    """Fraction of the visible examples the program reproduces."""
     examples = [json.loads(v) for v in visible]
-    programs = [program(c) for c in completions]
-    todo = [i for i, p in enumerate(programs) if p is not None]
-    outcomes = run_functions([programs[i] for i in todo], [[[x] for x, _ in examples[i]] for i in todo])
-    out = [0.0] * len(completions)
-    for i, o in zip(todo, outcomes):
-        if o.status not in ("ok", "runtime_error"):  # timeout, memory, refused operation: nothing passes
+    outcomes = run_functions([program(c) for c in completions], [[[x] for x, _ in ex] for ex in examples])
+    out = []
+    for o, ex in zip(outcomes, examples):
+        if o.status != "ok":  # a syntax error, timeout, memory error or refused operation: no example passes
+            out.append(0.0)
             continue
-        results = [passes(got, err, want) for got, err, (_, want) in zip(o.outputs, o.errors, examples[i])]
-        out[i] = sum(results) / len(examples[i])
+        out.append(sum(passes(got, err, want) for got, err, (_, want) in zip(o.outputs, o.errors, ex)) / len(ex))
     return out
 
 
 def expression_format(prompts, completions, **kwargs):
     """1.0 when the completion is one well-formed Python expression, else 0.0."""
-    return [1.0 if program(c) is not None else 0.0 for c in completions]
+    return [1.0 if is_expression(c) else 0.0 for c in completions]
