@@ -84,7 +84,11 @@ def crafted(kind: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     return df, steps
 
 
-@pytest.mark.parametrize("kind", sorted(REGISTRY))
+CODE_ANALYZERS = {"hard_coded_outputs", "execution_errors", "tampering", "visible_hidden_divergence"}  # these read
+# the code domain's execution columns: fired and not fired on crafted program rollouts in tests/test_code_domain.py
+
+
+@pytest.mark.parametrize("kind", sorted(set(REGISTRY) - CODE_ANALYZERS))
 def test_each_analyzer_fires_on_its_failure(kind):
     df, steps = crafted(kind)
     assert kind in fired(df, steps)

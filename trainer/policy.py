@@ -66,9 +66,11 @@ def _noisy(target: str, rng) -> str:
 # Domains whose default policy differs from the 1M default. Code: expression synthesis needed ~1.6M parameters
 # to reach ~0.4 hidden pass after SFT (DESIGN §12). Trained on clean targets only, that policy wrote malformed
 # programs 1% of the time, far less than small real code models; 6% corrupted targets make it err like one.
+# It is checked every 100 steps so that it stops near the target: checked every 250 it overshot to 0.53, and 60
+# GRPO steps then gained only +0.03 greedy (a policy stopped at 0.43 gained +0.11).
 DOMAIN_POLICY: dict[str, tuple[ModelConfig, WarmupConfig]] = {
     "code": (ModelConfig(hidden_size=160, intermediate_size=640),
-             WarmupConfig(target_accuracy=0.40, max_steps=6000, batch_size=64, eval_every=250, eval_items=400,
+             WarmupConfig(target_accuracy=0.40, max_steps=6000, batch_size=64, eval_every=100, eval_items=400,
                           target_noise=0.06)),
 }
 
