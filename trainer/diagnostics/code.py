@@ -10,6 +10,7 @@ programs that reach for the tests or exit early, and expressions that fit the ex
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -43,7 +44,7 @@ def hard_coded(completions: pd.Series, tasks: pd.Series) -> pd.Series:
             continue
         if len(outputs) < 3:
             continue
-        literals = {int(v) for v in pd.Series([completions.at[i]]).str.findall(_INT).iloc[0]}
+        literals = {int(v) for v in re.findall(_INT, completions.at[i])}
         out.at[i] = len(literals & outputs) >= max(3, len(outputs) - 1)
     return out
 
@@ -78,18 +79,17 @@ def execution_errors(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]
     steps, a rise of 0.04 between thirds; with >= 2,500 rollouts per third a 0.03 rise is ~8 standard errors)."""
     if not _has(r, "exec_status"):
         return []
-    ran = r
-    failed = ran["exec_status"].isin(ERROR_STATUSES)
+    failed = r["exec_status"].isin(ERROR_STATUSES)
     frac = float(failed.mean())
-    shares = ran.loc[failed, "exec_status"].value_counts(normalize=False) / len(ran)
+    shares = r.loc[failed, "exec_status"].value_counts() / len(r)
     breakdown = ", ".join(f"{k} {v:.1%}" for k, v in shares.items()) or "none"
     out = []
     sev, thr = _level(frac, t["warning"], t["critical"])
     if sev:
         out.append(Finding(analyzer="execution_errors", metric="execution_error_ratio", value=frac, threshold=thr,
                            severity=sev, message=f"{frac:.0%} of programs fail to run ({breakdown})",
-                           evidence=_ids(ran[failed])))
-    steps = ran["step"]
+                           evidence=_ids(r[failed])))
+    steps = r["step"]
     if steps.nunique() >= 3:
         lo, hi = steps.quantile(1 / 3), steps.quantile(2 / 3)
         first, last = failed[steps <= lo].mean(), failed[steps >= hi].mean()
@@ -98,7 +98,7 @@ def execution_errors(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]
                                threshold=t["rise"], severity="critical", gate=True,
                                message=f"the failure rate of programs rose {first:.0%} -> {last:.0%} during training "
                                        f"({breakdown}): something pays failing programs",
-                               evidence=_ids(ran[failed & (steps >= hi)])))
+                               evidence=_ids(r[failed & (steps >= hi)])))
     return out
 
 

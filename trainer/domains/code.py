@@ -195,7 +195,7 @@ class CodeDomain:
         prompts = prompts or [""] * len(completions)
         programs = [program(c, f, p) for c, f, p in zip(completions, fmts, prompts)]
         grades: list[Grade | None] = [None] * len(completions)
-        fn_jobs, fn_idx, script_jobs, script_idx = [], [], [], []
+        fn_jobs, fn_idx, fn_tests, script_jobs, script_idx = [], [], [], [], []
         for i, (prog, ans, fmt) in enumerate(zip(programs, answers, fmts)):
             if prog is None:
                 # the format gate: not one expression, so not run; reported as the syntax error it would raise
@@ -209,8 +209,8 @@ class CodeDomain:
                 a = json.loads(ans)
                 fn_jobs.append({"code": prog, "calls": [[x] for x, _ in a["visible"] + a["hidden"]], "entry": "f"})
                 fn_idx.append(i)
-        for i, out in zip(fn_idx, pool().run(fn_jobs, timeout_s=TIMEOUT_S)):
-            a = json.loads(answers[i])
+                fn_tests.append(a)
+        for i, a, out in zip(fn_idx, fn_tests, pool().run(fn_jobs, timeout_s=TIMEOUT_S)):
             expected = [y for _, y in a["visible"] + a["hidden"]]
             ok = [out.status == "ok" and j < len(out.outputs) and out.errors[j] is None and _equal(out.outputs[j], y)
                   for j, y in enumerate(expected)]
