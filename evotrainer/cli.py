@@ -59,7 +59,7 @@ def _ensure_writable(out: Path) -> Path:
 @app.command()
 def train(
     domain: Annotated[str, typer.Option(help="task domain")] = "math",
-    steps: Annotated[int, typer.Option(min=1, help="GRPO optimizer steps")] = 150,
+    steps: Annotated[int | None, typer.Option(min=1, help="GRPO optimizer steps (default: 150; swe: 40)")] = None,
     seed: Annotated[int, typer.Option(help="seed of the warm-up, the data order and sampling")] = 0,
     out: Annotated[Path, typer.Option(help="directory for checkpoints, evidence and logs")] = Path("runs/train"),
     harness: Annotated[Path | None, typer.Option(help="harness directory (default: the domain's template)")] = None,
@@ -71,8 +71,9 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
 ) -> None:
     """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
-    from evotrainer.trainer.train import TrainRequest, run_train
+    from evotrainer.trainer.train import DEFAULT_STEPS, TrainRequest, run_train
 
+    steps = steps or DEFAULT_STEPS.get(domain, 150)
     req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(_ensure_writable(out)),
                        harness=str(harness) if harness else None,
                        checkpoint=str(checkpoint or model) if (checkpoint or model) else None,

@@ -137,6 +137,12 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
         return summary
 
 
+# Per-domain loop settings where the general defaults do not fit. SWE: a step costs ~20x a math step and the
+# effects at stake (a leak learned within tens of steps) need longer short runs to show on sealed dev; its dev
+# split holds 400 episodes.
+LOOP_DEFAULTS: dict[str, dict] = {"swe": {"train_steps": 20, "backtest_steps": 15, "dev_items": 400}}
+
+
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
              skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None,
              llm_cost: list[float] | None = None) -> RunWorkspace:
@@ -147,4 +153,4 @@ def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_b
                                budget=budget,
                                meta_llm=meta_llm, api_base=api_base, skills=skills, llm_cost_per_mtok=llm_cost,
                                checkpoint=str(Path(checkpoint).resolve()) if checkpoint else None,
-                               loop=loop_overrides or {})
+                               loop={**LOOP_DEFAULTS.get(domain, {}), **(loop_overrides or {})})

@@ -79,21 +79,35 @@ def evaluate(spec: EvalSpec) -> EvalResult:
     tasks = domain.tasks(spec.split, spec.limit)
     model, tokenizer = load_policy(spec.checkpoint)
     prompts = [t.prompt for t in tasks]
-    budget = getattr(domain, "split_max_new_tokens", {}).get(spec.split, domain.max_new_tokens)
     context = getattr(model.config, "max_position_embeddings", None)
-    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
-    if context is not None and longest + budget > context:
-        raise UserError(f"the {spec.split} prompts need {longest + budget} positions (longest prompt {longest} + "
-                        f"{budget} new tokens) but this policy has {context}: evaluate a larger model "
-                        "(a local Hugging Face checkpoint), or grade its completions with --completions FILE")
-    greedy = generate(model, tokenizer, prompts, budget)
+    if getattr(domain, "multi_turn", False):  # episodes in the sealed environment, whatever a harness offered
+        from evotrainer.trainer.episodes import play
+
+        env = domain.sealed_env
+        if context is not None and env.max_context > context:
+            raise UserError(f"{spec.domain} episodes need {env.max_context} positions but this policy has {context}: "
+                            f"evaluate a policy built for the {spec.domain} domain (its default has {env.max_context})")
+
+        def complete(items: list, temperature: float = 0.0, batch_size: int = 256) -> list[str]:
+            return play(model, tokenizer, items, env, temperature=temperature, seed=spec.seed, batch_size=batch_size)
+    else:
+        budget = getattr(domain, "split_max_new_tokens", {}).get(spec.split, domain.max_new_tokens)
+        longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+        if context is not None and longest + budget > context:
+            raise UserError(f"the {spec.split} prompts need {longest + budget} positions (longest prompt {longest} + "
+                            f"{budget} new tokens) but this policy has {context}: evaluate a larger model "
+                            "(a local Hugging Face checkpoint), or grade its completions with --completions FILE")
+
+        def complete(items: list, temperature: float = 0.0, batch_size: int = 256) -> list[str]:
+            return generate(model, tokenizer, [t.prompt for t in items], budget, temperature=temperature,
+                            seed=spec.seed, batch_size=batch_size)
+    greedy = complete(tasks)
     greedy_ok = [g.correct for g in grade_all(domain, greedy, [t.answer for t in tasks], [t.fmt for t in tasks],
                                               prompts)]
     sampled_ok = [0] * len(tasks)
     if spec.k > 0:
-        sampled = generate(model, tokenizer, [p for p in prompts for _ in range(spec.k)], budget,
-                           temperature=spec.temperature, seed=spec.seed, batch_size=512)
         rep = [t for t in tasks for _ in range(spec.k)]
+        sampled = complete(rep, spec.temperature, 512)
         grades = grade_all(domain, sampled, [t.answer for t in rep], [t.fmt for t in rep], [t.prompt for t in rep])
         for i in range(len(tasks)):
             sampled_ok[i] = sum(g.correct for g in grades[i * spec.k:(i + 1) * spec.k])

@@ -123,6 +123,7 @@ def make_trainer_class():
             return super()._save_checkpoint(model, trial)
 
         def _generate_and_score_completions(self, inputs):
+            self.current_inputs = inputs  # the rows a multi-turn rollout_func needs (it is handed prompts only)
             out = super()._generate_and_score_completions(inputs)
             if self.model.training:
                 rows = self._rows(inputs, out)
@@ -221,6 +222,25 @@ def make_trainer_class():
     return EvidenceGRPOTrainer
 
 
+def make_rollout_func(env_config, args):
+    """TRL's `rollout_func` for a multi-turn domain: one episode per prompt it receives (each prompt already
+    repeated `num_generations` times), observations masked through `env_mask`, and an `episode` column (how it
+    ended, visible tests on the final repository) forwarded to the reward functions."""
+    from evotrainer.trainer.episodes import episode_info, model_policy, run_episodes
+
+    def rollout(prompts: list, trainer) -> dict:
+        rows = trainer.current_inputs
+        if [r["prompt"] for r in rows] != list(prompts):
+            raise RuntimeError("rollout_func received prompts that are not the current batch's rows")
+        act = model_policy(trainer.model, trainer.processing_class, temperature=args.temperature,
+                           top_p=args.top_p, seed=None)
+        outs = run_episodes(act, trainer.processing_class, rows, env_config)
+        return {"prompt_ids": [o.prompt_ids for o in outs], "completion_ids": [o.completion_ids for o in outs],
+                "logprobs": [o.logprobs for o in outs], "env_mask": [o.env_mask for o in outs],
+                "episode": episode_info(outs)}
+    return rollout
+
+
 def train(spec: TrainSpec) -> dict:
     """Run the GRPO training described by `spec`; resumes from its own last checkpoint if one exists."""
     import torch
@@ -228,7 +248,13 @@ def train(spec: TrainSpec) -> dict:
     from transformers import TrainerCallback
 
     from evotrainer.trainer.domains import get_domain
-    from evotrainer.trainer.harness import load_filters, load_group_filters, load_reward_functions, load_spec
+    from evotrainer.trainer.harness import (
+        load_env_config,
+        load_filters,
+        load_group_filters,
+        load_reward_functions,
+        load_spec,
+    )
     from evotrainer.trainer.policy import load_policy
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
@@ -257,10 +283,15 @@ def train(spec: TrainSpec) -> dict:
                 evidence.add_step(row)
                 progress(phase="train", step=state.global_step, total=spec.steps, reward=row.get("reward"))
 
+    multi_turn = {}
+    if getattr(domain, "multi_turn", False):  # episodes in the harness's tool environment (env.py)
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, domain), args)
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
-                          domain=domain, sealed=sealed, group_filters=load_group_filters(spec.harness_dir, hspec))
+                          domain=domain, sealed=sealed, group_filters=load_group_filters(spec.harness_dir, hspec),
+                          **multi_turn)
     trainer.train(resume_from_checkpoint=resume)
     evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
 

@@ -128,6 +128,25 @@ def load_group_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
     return out
 
 
+def load_env_config(harness_dir: str | Path, domain):
+    """The tool environment a multi-turn harness trains in: `env.py`'s TOOLS, MAX_TURNS, MAX_CONTEXT and
+    MAX_ACTION_TOKENS over the domain's sealed defaults (absent names keep them). Child processes only."""
+    from evotrainer.trainer.domains.swe_env import EnvConfig
+
+    base = domain.sealed_env
+    path = Path(harness_dir) / "env.py"
+    if not path.is_file():
+        return base
+    module = import_file(path, "harness_env")
+    try:
+        return EnvConfig(tools=tuple(getattr(module, "TOOLS", base.tools)),
+                         max_turns=int(getattr(module, "MAX_TURNS", base.max_turns)),
+                         max_context=int(getattr(module, "MAX_CONTEXT", base.max_context)),
+                         max_action_tokens=int(getattr(module, "MAX_ACTION_TOKENS", base.max_action_tokens)))
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{path}: {e}") from e
+
+
 # What a group filter never sees: the sealed grades. A filter decides from what the harness itself computed.
 SEALED_COLUMNS = frozenset({"correct", "formatted"})
 
@@ -150,11 +169,16 @@ def keep_groups(group_filters: list, groups: list[list[dict]]) -> list[bool]:
 
 
 def sample_batch(domain_name: str, n: int = 12) -> dict:
-    """A small real batch for checking reward functions: right, wrong, empty and unparsable completions."""
+    """A small real batch for checking reward functions: right, wrong, empty and unparsable completions (for a
+    multi-turn domain: solved, wrongly fixed, submitted at once, and garbled episodes)."""
     from evotrainer.trainer.domains import get_domain
 
     domain = get_domain(domain_name)
     tasks = domain.tasks("train", n // 4, seed=0)
+    if getattr(domain, "multi_turn", False):
+        from evotrainer.trainer.episodes import sample_episodes
+
+        return sample_episodes(domain, tasks)
     completions, rows = [], []
     for t in tasks:
         for c in (t.target, t.target[:-1] + ("0" if t.target[-1] != "0" else "1"), "", "???"):
@@ -178,7 +202,10 @@ def check_harness(harness_dir: str | Path) -> list[str]:
     from evotrainer.trainer.evaluate import check_sealed
 
     try:
-        check_sealed(get_domain(spec.domain))  # the sealed side must be intact before anything is judged
+        domain = get_domain(spec.domain)
+        check_sealed(domain)  # the sealed side must be intact before anything is judged
+        if getattr(domain, "multi_turn", False):
+            load_env_config(harness_dir, domain)
         funcs = load_reward_functions(harness_dir, spec)
         load_filters(harness_dir, spec)
         group_filters = load_group_filters(harness_dir, spec)

@@ -72,6 +72,12 @@ DOMAIN_POLICY: dict[str, tuple[ModelConfig, WarmupConfig]] = {
     "code": (ModelConfig(hidden_size=160, intermediate_size=640),
              WarmupConfig(target_accuracy=0.40, max_steps=6000, batch_size=64, eval_every=100, eval_items=400,
                           target_noise=0.06)),
+    # SWE: whole episodes of up to 512 tokens. SFT on scripted solutions (30% with detours) reached 0.18 resolved
+    # on sealed dev at step 200 and 0.87 at step 400 (1M policy, batch 32, ~0.75 s a step on 2 cores); checked
+    # every 50 steps it stops in the learnable middle band.
+    "swe": (ModelConfig(max_positions=512),
+            WarmupConfig(target_accuracy=0.40, max_steps=2000, batch_size=32, eval_every=50, eval_items=100,
+                         target_noise=0.30)),
 }
 
 
@@ -171,7 +177,7 @@ def cached_policy(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warm
     return path if (path / "meta.json").is_file() else None
 
 
-def _length_bucketed(tasks: list, batch_size: int, seed: int, noise: float = 0.0) -> list[dict]:
+def _length_bucketed(tasks: list, batch_size: int, seed: int, noise: float = 0.0, size=None) -> list[dict]:
     """SFT rows ordered so that each batch holds examples of similar length, batches in random order.
 
     A word problem is ~4x longer than a sum; padding every sum to it made SFT 3x slower. (TRL's
@@ -180,11 +186,13 @@ def _length_bucketed(tasks: list, batch_size: int, seed: int, noise: float = 0.0
     rng = random.Random(seed)
     buckets: dict[int, list] = {}
     for t in tasks:
-        buckets.setdefault((len(t.prompt) + len(t.target)) // 24, []).append(t)
+        buckets.setdefault((size(t) if size else len(t.prompt) + len(t.target)) // 24, []).append(t)
     batches = []
     for items in buckets.values():
         batches.extend(items[i:i + batch_size] for i in range(0, len(items) - batch_size + 1, batch_size))
     rng.shuffle(batches)
+    if size:  # already rows (pre-tokenised multi-turn episodes)
+        return [r for batch in batches for r in batch]
     noise_rng = random.Random(f"noise-{seed}")
     return [{"prompt": t.prompt, "completion": _noisy(t.target, noise_rng) if noise_rng.random() < noise else t.target}
             for batch in batches for t in batch]
@@ -212,12 +220,24 @@ def warm_up(domain_name: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warmu
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = build_tokenizer()
     model = build_model(model_cfg, tokenizer, seed)
-    data = Dataset.from_list(_length_bucketed(domain.tasks("train", min(warm_cfg.max_steps, 1000) * warm_cfg.batch_size,
-                                                          seed=10_000 + seed), warm_cfg.batch_size, seed,
-                                              warm_cfg.target_noise))
+    multi_turn = getattr(domain, "multi_turn", False)
+    train = domain.tasks("train", min(warm_cfg.max_steps, 1000 if not multi_turn else 500) * warm_cfg.batch_size,
+                         seed=10_000 + seed)
+    if multi_turn:  # scripted solution episodes, observations masked out of the loss
+        from evotrainer.trainer.episodes import play, sft_rows
+
+        rows = sft_rows(tokenizer, train, domain.sft_env, seed, warm_cfg.target_noise)
+        data = Dataset.from_list(_length_bucketed(rows, warm_cfg.batch_size, seed, size=lambda r: len(r["input_ids"])))
+    else:
+        data = Dataset.from_list(_length_bucketed(train, warm_cfg.batch_size, seed, warm_cfg.target_noise))
     dev = domain.tasks("dev", warm_cfg.eval_items)
     max_new = max(len(t.target) for t in dev) + 8
     history: list[dict] = []
+
+    def dev_completions() -> list[str]:
+        if multi_turn:
+            return play(model, tokenizer, dev, domain.sealed_env)
+        return generate(model, tokenizer, [t.prompt for t in dev], max_new)
 
     class StopAtTarget(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
@@ -225,7 +245,7 @@ def warm_up(domain_name: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warmu
                 return control
             model.eval()
             tokenizer.padding_side = "left"
-            outs = generate(model, tokenizer, [t.prompt for t in dev], max_new)
+            outs = dev_completions()
             acc = sum(g.correct for g in grade_all(domain, outs, [t.answer for t in dev], [t.fmt for t in dev],
                                                    [t.prompt for t in dev])) / len(dev)
             model.train()

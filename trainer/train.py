@@ -30,6 +30,10 @@ from evotrainer.trainer.grpo import TrainSpec, harness_commit
 from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces import TEMPLATES
 
+# GRPO steps of `evotrainer train` when --steps is not given. SWE episodes cost ~20x a math step, and the
+# template's history leak takes over within ~40 steps (README: the SWE domain).
+DEFAULT_STEPS = {"math": 150, "code": 150, "swe": 40}
+
 
 class TrainRequest(BaseModel):
     domain: str = "math"

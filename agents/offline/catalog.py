@@ -263,6 +263,34 @@ def lookup_penalty(files: Files, findings: list[Finding]) -> Change | None:
                            "pass and dev accuracy rise because only programs that compute the function are paid.")
 
 
+# -- environment (multi-turn harnesses) -----------------------------------------------------------------
+_TOOLS_LINE = re.compile(r"^TOOLS\s*=\s*\[([^\]]*)\]", flags=re.M)
+
+
+def close_leak(files: Files, findings: list[Finding]) -> Change | None:
+    """Remove from env.py's TOOLS the tools the leak analyzer caught: tools the sealed environment lacks."""
+    fired = _fired(findings, "leak_usage")
+    source = files.get("env.py", "")
+    m = _TOOLS_LINE.search(source)
+    if not fired or not m:
+        return None
+    from evotrainer.trainer.domains.swe_env import SEALED_TOOLS
+
+    tools = re.findall(r"[\"']([^\"']+)[\"']", m.group(1))
+    leaks = [t for t in tools if t not in SEALED_TOOLS]
+    if not leaks:
+        return None
+    kept = ", ".join(f'"{t}"' for t in tools if t not in leaks)
+    line = f"TOOLS = [{kept}]  # removed {', '.join(leaks)}: sealed evaluation does not offer it (a leak)"
+    usage = fired[0].value
+    return Change({"env.py": _TOOLS_LINE.sub(line, source, count=1)},
+                  f"remove the tool{'s' if len(leaks) > 1 else ''} {', '.join(leaks)} from env.py",
+                  f"If training offers only the tools sealed evaluation has, the policy stops relying on "
+                  f"{', '.join(leaks)} (leak usage {usage:.0%} now) and the sealed dev resolve rate rises because "
+                  "what it learns is what it is graded on.",
+                  ExpectedEffect(metric="dev_accuracy", direction="up", size=0.02))
+
+
 # -- recipe --------------------------------------------------------------------------------------------
 def clip_higher(files: Files, findings: list[Finding]) -> Change | None:
     if int(_knob(files, "num_iterations", 1)) <= 1 and int(_knob(files, "steps_per_generation", 1)) <= 1:
@@ -443,6 +471,8 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
               {"execution_errors": 1.0, "shaped_vs_sealed": 0.5}, 0.0, crash_penalty),
     Transform("lookup_penalty", "reward.lookup", "reward", "penalise hard-coded visible outputs",
               {"hard_coded_outputs": 1.2, "visible_hidden_divergence": 1.0}, 0.0, lookup_penalty),
+    Transform("close_leak", "env.tools", "env", "remove tools the sealed evaluation lacks",
+              {"leak_usage": 1.5}, 0.0, close_leak),
     Transform("clip_higher", "recipe.epsilon_high", "recipe", "raise the upper clip bound",
               {"logprob_collapse": 1.0, "optimizer_health": 0.3}, 0.1, clip_higher),
     Transform("more_iterations", "recipe.num_iterations", "recipe", "two updates per generated batch",

@@ -87,4 +87,4 @@ def run_all(rollouts: pd.DataFrame, steps: pd.DataFrame, thresholds: dict[str, d
     return findings
 
 
-from evotrainer.trainer.diagnostics import builtin, code  # noqa: E402, F401  (registers the built-ins)
+from evotrainer.trainer.diagnostics import builtin, code, swe  # noqa: E402, F401  (registers the built-ins)

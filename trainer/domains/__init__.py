@@ -5,7 +5,7 @@ from __future__ import annotations
 from evotrainer.errors import UserError
 from evotrainer.trainer.domains.base import Domain, Grade, Task, fingerprint, grade_all
 
-DOMAINS = ("math", "code")
+DOMAINS = ("math", "code", "swe")
 
 
 def get_domain(name: str) -> Domain:
@@ -18,6 +18,10 @@ def get_domain(name: str) -> Domain:
         from evotrainer.trainer.domains.code import CodeDomain
 
         return CodeDomain()
+    if name == "swe":
+        from evotrainer.trainer.domains.swe import SWEDomain
+
+        return SWEDomain()
     raise UserError(f"unknown domain {name!r}: choose one of {', '.join(DOMAINS)}")
 
 

@@ -82,6 +82,8 @@ def fingerprint(domain: Domain) -> str:
     h = hashlib.blake2b(digest_size=16)
     h.update(inspect.getsource(inspect.getmodule(type(domain))).encode())
     h.update(inspect.getsource(inspect.getmodule(Task)).encode())
+    for module in getattr(domain, "sealed_sources", ()):  # other modules the scorer runs (the SWE environment)
+        h.update(inspect.getsource(module).encode())
     for split in ("dev", "test", *getattr(domain, "extra_splits", ())):
         for t in domain.tasks(split):
             h.update(f"{t.id}\x00{t.prompt}\x00{t.answer}\x00{t.fmt}\n".encode())

@@ -1,0 +1,246 @@
+"""Multi-turn rollouts: a policy acting in the SWE tool environment, a batch of episodes at a time.
+
+Each turn, every unfinished episode's text so far (prompt, actions, observations) goes through one batched
+`generate` call that stops at the end of an action line; the actions are applied, the pending `test` actions
+of the turn run together in the program sandbox, and each observation is appended. What the policy wrote is
+marked 1 in `env_mask`, what the environment wrote 0, so observations are masked out of the loss (TRL's
+`rollout_func` contract: prompt_ids, completion_ids, logprobs, env_mask).
+
+An episode ends on `submit` (the environment then appends `<eos>`), when the turn budget is spent, or when
+the context window is full; an action that runs past `max_action_tokens` is refused with an error observation.
+Greedy decoding with fixed batching is deterministic, so sealed evaluation of one checkpoint repeats exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from evotrainer.trainer.domains import swe_env
+from evotrainer.trainer.domains.swe_env import EnvConfig, Episode
+
+RESERVE = len("\n" + swe_env.END_CONTEXT) + 1  # room kept free to close an episode that hits the context limit
+
+
+@dataclass
+class Rollout:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    env_mask: list[int]  # 1: written by the policy, 0: by the environment
+    logprobs: list[float]  # sampling log-probability of each completion token (0 for environment tokens)
+    text: str  # the completion: actions and observations
+    episode: Episode
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def model_policy(model, tokenizer, *, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = 0,
+                 batch_size: int = 128):
+    """The acting function of `run_episodes` for a causal LM: greedy when temperature is 0. `seed` None leaves
+    torch's generator alone (training: the trainer owns it, and reseeding each step would repeat the samples)."""
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    stop = (_encode(tokenizer, "\n")[-1], tokenizer.eos_token_id)
+
+    def act(contexts: list[list[int]], max_new: int, turn: int, which: list[int]):
+        return _generate(model, tokenizer, contexts, max_new, temperature, top_p, stop, batch_size)
+    return act
+
+
+def script_policy(tokenizer, scripts: list[list[str]]):
+    """The acting function that plays fixed action lists (the SFT warm-up's solution episodes)."""
+    def act(contexts: list[list[int]], max_new: int, turn: int, which: list[int]):
+        return [(_encode(tokenizer, scripts[i][turn] + "\n") if turn < len(scripts[i]) else
+                 _encode(tokenizer, "submit\n"), None) for i in which]
+    return act
+
+
+def run_episodes(act, tokenizer, rows: list[dict], config: EnvConfig, *,
+                 runner=swe_env.sandbox_runner) -> list[Rollout]:
+    """Play one episode per row (`prompt`, `files` and `tests` as JSON, `history`) under `config`; `act` writes
+    the actions (`model_policy` or `script_policy`)."""
+    newline, eos = _encode(tokenizer, "\n")[-1], tokenizer.eos_token_id
+    eps = [Episode(json.loads(r["files"]), json.loads(r["tests"]), r.get("history", ""), config) for r in rows]
+    outs = [Rollout(_encode(tokenizer, r["prompt"]), [], [], [], "", e) for r, e in zip(rows, eps)]
+
+    def emit(i: int, text: str, ids: list[int] | None = None, logps: list[float] | None = None, env: bool = True):
+        ids = _encode(tokenizer, text) if ids is None else ids
+        o = outs[i]
+        o.completion_ids += ids
+        o.env_mask += [0 if env else 1] * len(ids)
+        o.logprobs += logps if logps is not None else [0.0] * len(ids)
+        o.text += text
+
+    def room(i: int) -> int:
+        return config.max_context - RESERVE - len(outs[i].prompt_ids) - len(outs[i].completion_ids)
+
+    def close(i: int, end: str, marker: str) -> None:
+        eps[i].done, eps[i].end = True, end
+        emit(i, "\n" + marker)
+
+    for turn in range(config.max_turns):
+        active = [i for i, e in enumerate(eps) if not e.done]
+        for i in [i for i in active if room(i) <= 0]:
+            close(i, "context", swe_env.END_CONTEXT)
+        active = [i for i in active if not eps[i].done]
+        if not active:
+            break
+        actions = act([outs[i].prompt_ids + outs[i].completion_ids for i in active], config.max_action_tokens, turn,
+                      active)
+        pending: list[int] = []
+        observations: dict[int, str] = {}
+        for i, (ids, logps) in zip(active, actions):
+            logps = [0.0] * len(ids) if logps is None else logps
+            ids, logps = ids[:config.max_action_tokens][:room(i)], logps[:config.max_action_tokens][:room(i)]
+            stopped = bool(ids) and ids[-1] in (newline, eos)
+            line = tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=True)
+            emit(i, line + ("\n" if stopped and ids[-1] == newline else ""), ids, logps, env=False)
+            if not stopped and len(ids) < config.max_action_tokens:  # cut by the context window: never run
+                close(i, "context", swe_env.END_CONTEXT)
+                continue
+            if not stopped or ids[-1] == eos:
+                emit(i, "\n")  # keep the text one action per line
+            if not stopped:
+                tool, arg = swe_env.split_action(line)
+                eps[i].actions.append([tool if tool in swe_env.TOOLS else "?", arg, True])
+                observations[i] = f"error: action longer than {config.max_action_tokens} tokens"
+                continue
+            obs, run = eps[i].step(line)
+            observations[i] = obs
+            if run == "test":
+                pending.append(i)
+        if pending:
+            got = runner([(eps[i].files, [t[:3] for t in eps[i].tests]) for i in pending])
+            for i, g in zip(pending, got):
+                observations[i] = eps[i].test_result(g)
+        for i, obs in observations.items():
+            if eps[i].done:  # submitted
+                emit(i, obs)
+                outs[i].completion_ids.append(eos)
+                outs[i].env_mask.append(0)
+                outs[i].logprobs.append(0.0)
+                continue
+            ids = _encode(tokenizer, obs)
+            if len(ids) > room(i):  # the observation does not fit: show what fits, then stop
+                emit(i, tokenizer.decode(ids[:max(room(i), 0)], skip_special_tokens=True))
+                close(i, "context", swe_env.END_CONTEXT)
+            elif turn == config.max_turns - 1:
+                emit(i, obs, ids)
+                close(i, "turn_limit", swe_env.END_TURNS)
+            else:
+                emit(i, obs + swe_env.TURN)
+    return outs
+
+
+def _generate(model, tokenizer, contexts: list[list[int]], max_new: int, temperature: float, top_p: float,
+              stop: tuple[int, int], batch_size: int) -> list[tuple[list[int], list[float]]]:
+    """One action per context: the new tokens up to and including the first stop token, with their sampling
+    log-probabilities (under the temperature-scaled distribution, as TRL computes them)."""
+    import torch
+
+    out: list[tuple[list[int], list[float]]] = []
+    pad = tokenizer.pad_token_id
+    with torch.inference_mode():
+        for b in range(0, len(contexts), batch_size):
+            chunk = contexts[b:b + batch_size]
+            width = max(map(len, chunk))
+            ids = torch.tensor([[pad] * (width - len(c)) + c for c in chunk])
+            mask = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in chunk])
+            kwargs = dict(do_sample=True, temperature=temperature, top_k=0, top_p=top_p) if temperature > 0 else \
+                dict(do_sample=False)
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
+                                 eos_token_id=list(stop), output_scores=True, return_dict_in_generate=True, **kwargs)
+            new = gen.sequences[:, width:]
+            logp = torch.stack([torch.log_softmax(s.float(), -1) for s in gen.scores], 1)
+            chosen = logp.gather(2, new.unsqueeze(-1)).squeeze(-1).tolist()
+            for toks, lps in zip(new.tolist(), chosen):
+                end = next((t + 1 for t, tok in enumerate(toks) if tok in stop), len(toks))
+                out.append((toks[:end], lps[:end]))
+    return out
+
+
+def solution_script(target: str, rng, noise: float) -> list[str]:
+    """The actions of a scripted solution episode (a task's `target`), with the detours of a fallible engineer in a
+    share `noise` of them: a wrong first fix caught by the tests, a search instead of a view, no test before the
+    submit, a typo'd action, or a look at the version history (whose last commit shows the fix)."""
+    t = json.loads(target)
+    route, fix, buggy = list(t["route"]), t["fix"], t["buggy"]
+    tail = [fix, "test", "submit"]
+    if rng.random() >= noise:
+        return route + tail
+    kind = rng.choice(("wrong_fix", "search", "no_test", "typo", "history"))
+    if kind == "history":  # copies the fix from the commit that introduced the bug: the leak RL may amplify
+        return ["history", *tail]
+    if kind == "wrong_fix":
+        wrong = t["wrong"][0] if t["wrong"] else t["bug"]
+        return route + [f"edit {buggy}: return {wrong}", "test", *tail]
+    if kind == "search" and route[0].startswith("view "):
+        return [f"search {route[0][5:]}", *route[1:], *tail] if len(route) > 1 else [f"search {buggy}", *tail]
+    if kind == "no_test":
+        return route + [fix, "submit"]
+    i = rng.randrange(len(route))
+    typo = route[i][:-1] + rng.choice("xqz_") if len(route[i]) > 5 else route[i] + "x"
+    return route[:i] + [typo] + route[i:] + tail
+
+
+def sft_rows(tokenizer, tasks: list, config: EnvConfig, seed: int, noise: float) -> list[dict]:
+    """Tokenised SFT rows of scripted episodes: `input_ids` (prompt and episode) and `completion_mask`, 1 on the
+    policy's actions only, so the warm-up never learns to write observations. Test runs happen in-process: the
+    repositories and the scripted edits are the domain's own code."""
+    import random
+
+    rng = random.Random(f"swe-sft-{seed}")
+    rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
+    scripts = [solution_script(t.target, rng, noise) for t in tasks]
+    outs = run_episodes(script_policy(tokenizer, scripts), tokenizer, rows, config, runner=swe_env.trusted_runner)
+    return [{"input_ids": o.prompt_ids + o.completion_ids,
+             "completion_mask": [0] * len(o.prompt_ids) + o.env_mask} for o in outs]
+
+
+def play(model, tokenizer, tasks: list, config: EnvConfig, *, temperature: float = 0.0, seed: int = 0,
+         batch_size: int = 128) -> list[str]:
+    """The completion text of one episode per task (evaluation: the sealed scorer grades these)."""
+    rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
+    act = model_policy(model, tokenizer, temperature=temperature, seed=seed, batch_size=batch_size)
+    return [o.text for o in run_episodes(act, tokenizer, rows, config)]
+
+
+def episode_info(rollouts: list[Rollout], runner=swe_env.sandbox_runner) -> list[str]:
+    """The `episode` column reward functions receive (JSON): how the episode ended, its turns and tool errors,
+    and the visible tests on the repository it left (`visible_passed` of `visible_total`). Nothing hidden."""
+    got = runner([(o.episode.files, [t[:3] for t in o.episode.tests]) for o in rollouts])
+    out = []
+    for o, g in zip(rollouts, got):
+        e = o.episode
+        passed = sum(x == t[3] for x, t in zip(g, e.tests))
+        out.append(json.dumps({"submitted": e.end == "submit", "end": e.end or "turn_limit", "turns": len(e.actions),
+                               "tool_errors": sum(bool(a[2]) for a in e.actions), "edits": e.edits,
+                               "visible_passed": passed, "visible_total": len(e.tests)}))
+    return out
+
+
+def sample_episodes(domain, tasks: list) -> dict:
+    """A reward-check batch of scripted episodes: solved, wrongly fixed, submitted at once, garbled."""
+    from evotrainer.trainer.policy import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    rows, scripts = [], []
+    for t in tasks:
+        target = json.loads(t.target)
+        wrong = f"edit {target['buggy']}: return {target['wrong'][0] if target['wrong'] else target['bug']}"
+        for script in (target["route"] + [target["fix"], "test", "submit"], [wrong, "submit"], ["submit"],
+                       ["???", "view", "edit x", "submit"]):
+            rows.append({"prompt": t.prompt, **dict(t.columns)})
+            scripts.append(script)
+    outs = run_episodes(script_policy(tokenizer, scripts), tokenizer, rows, domain.sft_env,
+                        runner=swe_env.trusted_runner)
+    sealed = getattr(domain, "sealed_columns", ())
+    task_rows = [t.row(sealed) for t in tasks for _ in range(4)]
+    batch = {k: [r[k] for r in task_rows] for k in task_rows[0]}
+    batch["completions"] = [o.text for o in outs]
+    batch["episode"] = episode_info(outs, swe_env.trusted_runner)
+    return batch
