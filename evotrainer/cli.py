@@ -66,14 +66,15 @@ def train(
     checkpoint: Annotated[Path | None, typer.Option(help="start from this checkpoint instead of the warm policy")]
     = None,
     model: Annotated[Path | None, typer.Option(help="start from any local Hugging Face causal LM")] = None,
-    eval_k: Annotated[int, typer.Option(help="samples per dev item for avg@k")] = 4,
+    eval_k: Annotated[int | None, typer.Option(help="samples per dev item for avg@k (default 4; swe: 1)")] = None,
     eval_limit: Annotated[int | None, typer.Option(help="evaluate on the first N dev items only")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
 ) -> None:
     """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
-    from evotrainer.trainer.train import DEFAULT_STEPS, TrainRequest, run_train
+    from evotrainer.trainer.train import DEFAULT_EVAL_K, DEFAULT_STEPS, TrainRequest, run_train
 
     steps = steps or DEFAULT_STEPS.get(domain, 150)
+    eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
     req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(_ensure_writable(out)),
                        harness=str(harness) if harness else None,
                        checkpoint=str(checkpoint or model) if (checkpoint or model) else None,

@@ -137,7 +137,7 @@ def test_an_action_too_long_and_a_context_overflow_end_cleanly_and_are_counted()
     looping = ["view " + json.loads(t[1].target)["buggy"]] * 8
     outs = play(t[:1], [["view " + "x" * 80, "submit"]]) + play(t[1:], [looping], tight)
     g = grade(t, outs)
-    assert "error: action longer than 48 tokens" in outs[0].text
+    assert "error: action longer than 40 tokens" in outs[0].text
     assert g[0].columns["tool_errors"] >= 1
     assert g[1].columns["end"] == "context" and outs[1].text.endswith(swe_env.END_CONTEXT)
     assert len(outs[1].prompt_ids) + len(outs[1].completion_ids) <= tight.max_context

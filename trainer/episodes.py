@@ -89,17 +89,18 @@ def run_episodes(act, tokenizer, rows: list[dict], config: EnvConfig, *,
         active = [i for i in active if not eps[i].done]
         if not active:
             break
-        actions = act([outs[i].prompt_ids + outs[i].completion_ids for i in active], config.max_action_tokens, turn,
-                      active)
+        budget = min(config.max_action_tokens, max(room(i) for i in active))  # never past the context window
+        actions = act([outs[i].prompt_ids + outs[i].completion_ids for i in active], budget, turn, active)
         pending: list[int] = []
         observations: dict[int, str] = {}
         for i, (ids, logps) in zip(active, actions):
             logps = [0.0] * len(ids) if logps is None else logps
-            ids, logps = ids[:config.max_action_tokens][:room(i)], logps[:config.max_action_tokens][:room(i)]
+            space = room(i)
+            ids, logps = ids[:config.max_action_tokens][:space], logps[:config.max_action_tokens][:space]
             stopped = bool(ids) and ids[-1] in (newline, eos)
             line = tokenizer.decode(ids[:-1] if stopped else ids, skip_special_tokens=True)
             emit(i, line + ("\n" if stopped and ids[-1] == newline else ""), ids, logps, env=False)
-            if not stopped and len(ids) < config.max_action_tokens:  # cut by the context window: never run
+            if not stopped and len(ids) == space < config.max_action_tokens:  # cut by the context: never run
                 close(i, "context", swe_env.END_CONTEXT)
                 continue
             if not stopped or ids[-1] == eos:
@@ -163,6 +164,11 @@ def _generate(model, tokenizer, contexts: list[list[int]], max_new: int, tempera
     return out
 
 
+# Detours of the scripted SFT episodes and their shares. A look at the version history is the most common: many
+# real agents run `git log -p` first, and it is what makes the template's history tool a leak RL can find.
+DETOURS = {"history": 0.3, "wrong_fix": 0.2, "search": 0.2, "no_test": 0.15, "typo": 0.15}
+
+
 def solution_script(target: str, rng, noise: float) -> list[str]:
     """The actions of a scripted solution episode (a task's `target`), with the detours of a fallible engineer in a
     share `noise` of them: a wrong first fix caught by the tests, a search instead of a view, no test before the
@@ -172,7 +178,7 @@ def solution_script(target: str, rng, noise: float) -> list[str]:
     tail = [fix, "test", "submit"]
     if rng.random() >= noise:
         return route + tail
-    kind = rng.choice(("wrong_fix", "search", "no_test", "typo", "history"))
+    kind = rng.choices(*zip(*DETOURS.items()))[0]
     if kind == "history":  # copies the fix from the commit that introduced the bug: the leak RL may amplify
         return ["history", *tail]
     if kind == "wrong_fix":

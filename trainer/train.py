@@ -33,6 +33,7 @@ from evotrainer.workspaces import TEMPLATES
 # GRPO steps of `evotrainer train` when --steps is not given. SWE episodes cost ~20x a math step, and the
 # template's history leak takes over within ~40 steps (README: the SWE domain).
 DEFAULT_STEPS = {"math": 150, "code": 150, "swe": 40}
+DEFAULT_EVAL_K = {"swe": 1}  # samples per dev item for avg@k: 400 SWE episodes take ~80 s to play
 
 
 class TrainRequest(BaseModel):

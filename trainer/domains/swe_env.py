@@ -58,7 +58,7 @@ class EnvConfig:
     tools: tuple[str, ...] = SEALED_TOOLS
     max_turns: int = 8
     max_context: int = 512
-    max_action_tokens: int = 48
+    max_action_tokens: int = 40
 
     def __post_init__(self):
         unknown = [t for t in self.tools if t not in TOOLS]

@@ -11,4 +11,4 @@ Sealed evaluation ignores this file and uses the domain's own configuration (no 
 TOOLS = ["search", "view", "edit", "test", "submit", "history"]
 MAX_TURNS = 8
 MAX_CONTEXT = 512
-MAX_ACTION_TOKENS = 48
+MAX_ACTION_TOKENS = 40
