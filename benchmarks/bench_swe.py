@@ -47,7 +47,7 @@ def main() -> None:
     tasks = d.tasks("train", args.episodes, seed=1)
     tok = build_tokenizer()
     rng = random.Random(0)
-    scripts = [episodes.solution_script(t.target, rng, 0.3) for t in tasks]
+    scripts = [episodes.solution_script(t.target, rng, 0.3)[0] for t in tasks]
     rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
     grade_all(d, ["x"], [tasks[0].answer], ["episode"])  # start the sandbox workers once, as training does
 

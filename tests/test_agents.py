@@ -37,6 +37,9 @@ SICK = [F("dead_groups", "dead_group_ratio", 0.6, "critical", "60% of groups hav
 CODE_SICK = [F("execution_errors", "execution_error_rise", 0.3, "critical"),
              F("hard_coded_outputs", "hard_coded_ratio", 0.2, "critical", gate=True)]
 CODE_ONLY = ("crash_penalty", "lookup_penalty")  # transforms of program-synthesis harnesses
+SWE_TEMPLATE = {p: (TEMPLATES / "swe" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py", "env.py")}
+SWE_SICK = [F("leak_usage", "leak_usage_ratio", 0.6, "critical", gate=True)]
+SWE_ONLY = ("close_leak",)  # transforms of multi-turn harnesses (env.py)
 
 
 def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path):
@@ -45,8 +48,9 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
     assert len(training) >= 12 and len({t.factor for t in CATALOG.values()}) == len(CATALOG)
     again: dict = {}  # each transform applied a second time, on top of its own change
     for t in CATALOG.values():
-        template, findings = (CODE_TEMPLATE, CODE_SICK) if t.id in CODE_ONLY else (TEMPLATE, SICK)
-        if t.id in CODE_ONLY:  # nothing to apply to on the math harness (no programs), nothing to fix when healthy
+        template, findings = (CODE_TEMPLATE, CODE_SICK) if t.id in CODE_ONLY else \
+            (SWE_TEMPLATE, SWE_SICK) if t.id in SWE_ONLY else (TEMPLATE, SICK)
+        if t.id in CODE_ONLY + SWE_ONLY:  # nothing to apply to on the math harness, nothing to fix when healthy
             assert apply(t.id, TEMPLATE, findings) is None and apply(t.id, template, []) is None
         change = apply(t.id, template, findings)
         if t.id in ("learning_rate", "more_iterations"):  # no bigger step while the optimizer is unhealthy
@@ -68,7 +72,7 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
         again[t.id] = apply(t.id, {**template, **change.files}, findings)
     # applying twice is refused where the change is a state (a filter present, a component gone, a reward added)
     for tid in ("drop_dead_groups", "curriculum_drop_unsolved", "partial_credit", "soft_overlong", "remove_component",
-                "divergence_gate", *CODE_ONLY):
+                "divergence_gate", *CODE_ONLY, *SWE_ONLY):
         assert again[tid] is None, tid
 
 
@@ -189,3 +193,15 @@ def test_skills_shape_the_offline_plan(tmp_path):
     assert "recorded it as negative under this diagnosis" in plan.rationale
     tried = policy.plan(inp.model_copy(update={"tried": [CATALOG[positive].factor]}))
     assert positive not in [iv.transform for iv in tried.interventions]
+
+
+def test_a_leak_gate_puts_closing_the_leak_first():
+    """On a multi-turn harness whose champion leans on a tool the sealed evaluation lacks, the offline planner's
+    first intervention removes that tool from env.py."""
+    diag = Diagnosis(generation=1, summary="60% of episodes call history")
+    inp = PlanInput(generation=1, domain="swe", k=3, diagnosis=diag, findings=SWE_SICK, files=SWE_TEMPLATE)
+    plan = OfflinePolicy().plan(inp)
+    first = plan.interventions[0]
+    assert first.transform == "close_leak" and first.factor == "env.tools"
+    healthy = OfflinePolicy().plan(inp.model_copy(update={"findings": []}))
+    assert "close_leak" not in [iv.transform for iv in healthy.interventions]

@@ -158,7 +158,7 @@ def test_replayed_evidence_matches_what_the_environment_did():
     import random
 
     rng = random.Random(1)
-    scripts = [episodes.solution_script(t.target, rng, 1.0) for t in tasks]  # every detour kind
+    scripts = [episodes.solution_script(t.target, rng, 1.0)[0] for t in tasks]  # detours of every kind
     outs = play(tasks, scripts, LEAKY, swe_env.trusted_runner)
     for o, g in zip(outs, grade(tasks, outs)):
         assert json.loads(g.columns["actions"]) == o.episode.actions

@@ -165,46 +165,60 @@ def _generate(model, tokenizer, contexts: list[list[int]], max_new: int, tempera
 
 
 # Detours of the scripted SFT episodes and their shares. A look at the version history is the most common: many
-# real agents run `git log -p` first, and it is what makes the template's history tool a leak RL can find.
-DETOURS = {"history": 0.3, "wrong_fix": 0.2, "search": 0.2, "no_test": 0.15, "typo": 0.15}
+# real agents run `git log -p` first, and it is what makes the template's history tool a leak RL can find. Some
+# look where the tool does not exist (the sealed environment): the error comes back and the episode goes on.
+DETOURS = {"history": 0.4, "history_refused": 0.15, "wrong_fix": 0.15, "search": 0.15, "no_test": 0.075,
+           "typo": 0.075}
 
 
-def solution_script(target: str, rng, noise: float) -> list[str]:
+def solution_script(target: str, rng, noise: float) -> tuple[list[str], bool]:
     """The actions of a scripted solution episode (a task's `target`), with the detours of a fallible engineer in a
     share `noise` of them: a wrong first fix caught by the tests, a search instead of a view, no test before the
-    submit, a typo'd action, or a look at the version history (whose last commit shows the fix)."""
+    submit, a typo'd action, or a look at the version history (whose last commit shows the fix). The flag says the
+    episode is played without the history tool (its call is refused)."""
     t = json.loads(target)
     route, fix, buggy = list(t["route"]), t["fix"], t["buggy"]
     tail = [fix, "test", "submit"]
     if rng.random() >= noise:
-        return route + tail
+        return route + tail, False
     kind = rng.choices(*zip(*DETOURS.items()))[0]
     if kind == "history":  # copies the fix from the commit that introduced the bug: the leak RL may amplify
-        return ["history", *tail]
+        return ["history", *tail], False
+    if kind == "history_refused":
+        return ["history", *route, *tail], True
     if kind == "wrong_fix":
         wrong = t["wrong"][0] if t["wrong"] else t["bug"]
-        return route + [f"edit {buggy}: return {wrong}", "test", *tail]
+        return route + [f"edit {buggy}: return {wrong}", "test", *tail], False
     if kind == "search" and route[0].startswith("view "):
-        return [f"search {route[0][5:]}", *route[1:], *tail] if len(route) > 1 else [f"search {buggy}", *tail]
+        return ([f"search {route[0][5:]}", *route[1:], *tail] if len(route) > 1 else [f"search {buggy}", *tail]), False
     if kind == "no_test":
-        return route + [fix, "submit"]
+        return route + [fix, "submit"], False
     i = rng.randrange(len(route))
     typo = route[i][:-1] + rng.choice("xqz_") if len(route[i]) > 5 else route[i] + "x"
-    return route[:i] + [typo] + route[i:] + tail
+    return route[:i] + [typo] + route[i:] + tail, False
 
 
 def sft_rows(tokenizer, tasks: list, config: EnvConfig, seed: int, noise: float) -> list[dict]:
     """Tokenised SFT rows of scripted episodes: `input_ids` (prompt and episode) and `completion_mask`, 1 on the
-    policy's actions only, so the warm-up never learns to write observations. Test runs happen in-process: the
-    repositories and the scripted edits are the domain's own code."""
+    policy's actions only, so the warm-up never learns to write observations. Played in `config`, except those
+    whose history call is refused (played without that tool). Test runs happen in-process: the repositories and
+    the scripted edits are the domain's own code."""
     import random
 
     rng = random.Random(f"swe-sft-{seed}")
-    rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
-    scripts = [solution_script(t.target, rng, noise) for t in tasks]
-    outs = run_episodes(script_policy(tokenizer, scripts), tokenizer, rows, config, runner=swe_env.trusted_runner)
-    return [{"input_ids": o.prompt_ids + o.completion_ids,
-             "completion_mask": [0] * len(o.prompt_ids) + o.env_mask} for o in outs]
+    scripted = [solution_script(t.target, rng, noise) for t in tasks]
+    refused_config = EnvConfig(tools=tuple(x for x in config.tools if x != "history"), max_turns=config.max_turns,
+                               max_context=config.max_context, max_action_tokens=config.max_action_tokens)
+    out: list[dict | None] = [None] * len(tasks)
+    for refused, cfg in ((False, config), (True, refused_config)):
+        idx = [i for i, (_, r) in enumerate(scripted) if r == refused]
+        rows = [{"prompt": tasks[i].prompt, **dict(tasks[i].columns)} for i in idx]
+        outs = run_episodes(script_policy(tokenizer, [scripted[i][0] for i in idx]), tokenizer, rows, cfg,
+                            runner=swe_env.trusted_runner)
+        for i, o in zip(idx, outs):
+            out[i] = {"input_ids": o.prompt_ids + o.completion_ids,
+                      "completion_mask": [0] * len(o.prompt_ids) + o.env_mask}
+    return out
 
 
 def play(model, tokenizer, tasks: list, config: EnvConfig, *, temperature: float = 0.0, seed: int = 0,
