@@ -1,7 +1,10 @@
 """The promotion rule (DESIGN §7) and the Critic's verdicts.
 
 `judge` applies the rule to one candidate's backtest: every gate passes, the targeted metric moved as
-hypothesised, and the lower bound of the paired dev improvement's 95% interval is above `min_ci_low`.
+hypothesised, and the lower bound of the paired dev improvement's 95% interval is above `min_ci_low`. A gate
+binds the champion too: when the control arms (the champion harness) fail a gate that the candidate passes, the
+candidate is promoted if its dev effect is not below `-repair_margin` (a leak or a hack in the champion is
+repaired even when its inflated dev score cannot be beaten by a significant margin).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
 `max_promotions` winners per generation (the highest lower bounds): single-factor changes compose across
@@ -25,6 +28,8 @@ class PromotionRule(BaseModel):
 
     min_ci_low: float = Field(0.0, description="the paired dev interval's lower bound must exceed this")
     max_promotions: int = Field(1, ge=0, description="winners per generation")
+    repair_margin: float = Field(0.0, description="a candidate that passes a gate the champion fails is promoted "
+                                                  "when its paired dev effect is at least -repair_margin")
     revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
                                                         "minus control) without a dev gain that asks for diagnostics "
                                                         "revision")
@@ -65,6 +70,12 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                                                        f"{intervention.expected.direction} as hypothesised"], **base)
         return Verdict(decision="promote", reasons=[f"{interval}: lower bound above {rule.min_ci_low:g}, all gates "
                                                     "pass"], **base)
+    repaired = sorted(set(s.control_gates) - set(backtest.failed_gates))
+    if repaired and s.delta >= -rule.repair_margin:
+        # the champion fails these gates on its own evidence, so its dev score is not one to beat: a candidate that
+        # passes every gate and is not worse on dev replaces it
+        return Verdict(decision="promote", reasons=[f"repairs gate {', '.join(repaired)} that the champion fails; "
+                                                    f"{interval}: not worse on dev, all gates pass"], **base)
     unexplained = s.train_reward_delta - s.train_correct_delta  # a curriculum raises both: that is not a hack
     if unexplained > rule.revise_reward_rise and s.delta <= 0:
         return Verdict(decision="revise", reasons=[

@@ -122,8 +122,8 @@ def test_apply_edits_search_replace_and_errors():
     assert apply_edits(files, [Edit(path="diagnostics/new.py", replace="# new")]) == {"diagnostics/new.py": "# new"}
 
 
-def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="cand/g1-x", correct_delta=0.0
-              ) -> BacktestResult:
+def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="cand/g1-x", correct_delta=0.0,
+              control_gates=()) -> BacktestResult:
     d = Distribution.of([0.0, 1.0])
     a = Agreement(corr=0.5, auc=0.8, rewarded_incorrect=0.0)
     replay = ReplayResult(harness="h", n_rollouts=10, n_groups=2, generations=[0], branches=["main"], reward_before=d,
@@ -135,7 +135,7 @@ def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="
     short = ShortRunResult(steps=10, seeds=[0, 1], dev_items=500, arms=[], per_seed_delta=[delta, delta], delta=delta,
                            ci_low=lo, ci_high=hi, se=0.01, mde=0.03, train_reward_delta=reward_delta,
                            train_correct_delta=correct_delta, findings=[], failed_gates=list(gates),
-                           stopped="no_gain", trace=[], seconds=1, seconds_per_arm=1)
+                           control_gates=list(control_gates), stopped="no_gain", trace=[], seconds=1, seconds_per_arm=1)
     return BacktestResult(run="r", branch=branch, commit="c" * 40, champion_commit="d" * 40, generation=1,
                           start_checkpoint=None, replay=replay, short_run=short, failed_gates=list(gates), seconds=1)
 
@@ -157,6 +157,12 @@ def test_promotion_rule():
                                                                             "direction": "down"})})
     assert judge(down, _backtest(0.03, 0.01, 0.05), rule).decision == "reject"  # dev rose, mechanism did not
     assert judge(IV, None, rule, error="not implemented").reasons == ["not implemented"]
+    # a gate binds the champion too: a candidate that passes the gate its control fails, not worse on dev, replaces it
+    repair = judge(IV, _backtest(0.01, -0.02, 0.04, control_gates=["leak_usage"]), rule)
+    assert repair.decision == "promote" and "repairs gate leak_usage" in repair.reasons[0]
+    assert judge(IV, _backtest(-0.01, -0.04, 0.02, control_gates=["leak_usage"]), rule).decision == "reject"
+    still = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["leak_usage"], control_gates=["leak_usage"]), rule)
+    assert still.decision == "reject" and still.failed_gates == ["leak_usage"]
     a, b = judge(IV, _backtest(0.03, 0.01, 0.05, branch="a"), rule), judge(IV, _backtest(0.04, 0.02, 0.06,
                                                                                         branch="b"), rule)
     chosen = {v.branch: v for v in choose([a, b], rule)}

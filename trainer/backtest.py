@@ -299,6 +299,7 @@ class ShortRunResult(BaseModel):
     train_correct_delta: float
     findings: list[Finding]  # the candidate's own evidence, champion thresholds, its own analyzers included
     failed_gates: list[str]
+    control_gates: list[str] = []  # gates the control (the champion harness) fails on its own short-run evidence
     stopped: str  # significant / worse / no_gain / gate / budget
     trace: list[str]
     seconds: float
@@ -509,6 +510,9 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
         if stopped:
             break
         n += 1
+    # the champion is judged by the same gates: a gate its own arms fail is one a candidate may repair
+    ctrl_rep = health_report(ws.path / "evidence", generation, "control", champ_dir, ws.path, tag=champ_commit[:8],
+                             thresholds=thresholds)
     cand = [results[("candidate", s)][0] for s in seeds]
     ctrl = [results[("control", s)][0] for s in seeds]
     all_arms = ctrl + cand
@@ -518,8 +522,9 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
         mde=Z_POWER * se, train_reward_delta=float(np.mean([a.train_reward for a in cand]) -
                                                    np.mean([a.train_reward for a in ctrl])),
         train_correct_delta=float(np.mean([a.train_correct for a in cand]) - np.mean([a.train_correct for a in ctrl])),
-        findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}), stopped=stopped,
-        trace=trace, seconds=round(time.time() - started, 1),
+        findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
+        control_gates=sorted(set(ctrl_rep.failed_gates)), stopped=stopped, trace=trace,
+        seconds=round(time.time() - started, 1),
         seconds_per_arm=round(float(np.mean([a.seconds for a in all_arms])), 1),
     )
 

@@ -167,8 +167,8 @@ def _generate(model, tokenizer, contexts: list[list[int]], max_new: int, tempera
 # Detours of the scripted SFT episodes and their shares. A look at the version history is the most common: many
 # real agents run `git log -p` first, and it is what makes the template's history tool a leak RL can find. Some
 # look where the tool does not exist (the sealed environment): the error comes back and the episode goes on.
-DETOURS = {"history": 0.4, "history_refused": 0.15, "wrong_fix": 0.15, "search": 0.15, "no_test": 0.075,
-           "typo": 0.075}
+DETOURS = {"history": 0.6, "history_refused": 0.15, "wrong_fix": 0.08, "search": 0.07, "no_test": 0.05,
+           "typo": 0.05}
 
 
 def solution_script(target: str, rng, noise: float) -> tuple[list[str], bool]:

@@ -166,8 +166,17 @@ def cache_key(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupCo
     warmup = asdict(warm_cfg)
     if not warmup["target_noise"]:  # absent from keys made before the knob existed: their policies stay valid
         warmup.pop("target_noise")
-    blob = json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg), "warmup": warmup,
-                       "charset": CHARSET, "data": data_fingerprint(get_domain(domain))}, sort_keys=True)
+    key = {"domain": domain, "seed": seed, "model": asdict(model_cfg), "warmup": warmup, "charset": CHARSET,
+           "data": data_fingerprint(get_domain(domain))}
+    if getattr(get_domain(domain), "multi_turn", False):  # the scripted SFT episodes are code, not data
+        import inspect
+
+        from evotrainer.trainer import episodes
+
+        key["sft"] = hashlib.blake2b("".join(inspect.getsource(f) for f in (
+            episodes.solution_script, episodes.sft_rows)).encode() + repr(episodes.DETOURS).encode(),
+            digest_size=6).hexdigest()
+    blob = json.dumps(key, sort_keys=True)
     return f"{domain}-s{seed}-{hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()}"
 
 

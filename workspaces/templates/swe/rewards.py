@@ -15,8 +15,3 @@ def visible_tests_pass(prompts, completions, episode, **kwargs):
     for e in map(json.loads, episode):
         out.append(1.0 if e["submitted"] and e["visible_passed"] == e["visible_total"] else 0.0)
     return out
-
-
-def tool_error_penalty(prompts, completions, episode, **kwargs):
-    """-0.05 for each action the environment refused (malformed, unknown tool, bad edit), at most -0.2."""
-    return [-min(0.05 * json.loads(e)["tool_errors"], 0.2) for e in episode]
