@@ -78,6 +78,9 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
 
 def test_preconditions_follow_the_findings():
     assert apply("longer_limit", TEMPLATE, []) is None  # no truncation: nothing to fix
+    truncated = [F("truncation", "truncated_ratio", 0.3, "critical")]
+    for tid in ("longer_limit", "soft_overlong", "tighten_truncation"):  # an unsubmitted episode is not too long
+        assert apply(tid, TEMPLATE, truncated) is not None and apply(tid, SWE_TEMPLATE, truncated) is None, tid
     assert apply("format_weight", TEMPLATE, []) is None
     assert apply("curriculum_drop_unsolved", TEMPLATE, []) is None
     assert apply("remove_component", TEMPLATE, SICK[:1]) is None  # no component named by a finding

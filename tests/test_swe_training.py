@@ -25,7 +25,7 @@ def swe_policy(cache_dir, tmp_path_factory):
     from evotrainer.trainer.policy import ModelConfig, WarmupConfig
 
     return jobs.warm_policy("swe", 0, tmp_path_factory.mktemp("swe-warm"), model_cfg=ModelConfig(**TINY_SWE),
-                            warm_cfg=WarmupConfig(target_accuracy=0.99, max_steps=200, batch_size=32, eval_every=200,
+                            warm_cfg=WarmupConfig(target_accuracy=0.99, max_steps=60, batch_size=32, eval_every=60,
                                                   eval_items=16, target_noise=0.3))
 
 
@@ -48,7 +48,7 @@ def swe_run(swe_policy, tmp_path_factory) -> RunWorkspace:
 
 def test_episodes_are_rollouts_with_sealed_episode_columns(swe_run):
     rows = read_rollouts(swe_run.path / "evidence", 0, "main").to_pandas()
-    assert len(rows) == 2 * 64
+    assert len(rows) == 2 * 32  # two steps of 4 issues x 8 episodes
     for col in ("turns", "tool_calls", "tool_errors", "actions", "edits", "submitted", "end", "tested_after_edit",
                 "leak_calls", "transcript"):
         assert col in rows.columns

@@ -64,6 +64,12 @@ def _fired(findings: list[Finding], analyzer_id: str) -> list[Finding]:
     return [f for f in findings if f.analyzer == analyzer_id and f.severity != "info"]
 
 
+def _multi_turn(files: Files) -> bool:
+    """An episode harness (env.py): its length is bounded by the environment's turns and context, and a
+    "truncated" episode is one that never submitted, so the completion-length transforms do not apply."""
+    return "env.py" in files
+
+
 def _append_function(source: str, name: str, code: str) -> str:
     if re.search(rf"^def {re.escape(name)}\(", source, flags=re.M):
         return source
@@ -188,7 +194,7 @@ def remove_component(files: Files, findings: list[Finding]) -> Change | None:
 
 def soft_overlong(files: Files, findings: list[Finding]) -> Change | None:
     names = [r["name"] for r in _spec(files).get("rewards", [])]
-    if "soft_overlong" in names:
+    if "soft_overlong" in names or _multi_turn(files):
         return None
     limit = int(_knob(files, "max_completion_length", 32))
     buffer = max(2, limit // 4)
@@ -344,7 +350,7 @@ def temperature(files: Files, findings: list[Finding]) -> Change | None:
 
 
 def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
-    if not _fired(findings, "truncation"):
+    if not _fired(findings, "truncation") or _multi_turn(files):
         return None
     cur = int(_knob(files, "max_completion_length", 32))
     new = int(round(cur * 1.5))
@@ -444,6 +450,8 @@ def divergence_gate_change(culprit: str) -> Change:
 
 
 def tighten_truncation(files: Files, findings: list[Finding]) -> Change | None:
+    if _multi_turn(files):
+        return None
     t = (_spec(files).get("analyzers") or {}).get("truncation") or {"warning": 0.05, "critical": 0.10}
     if t.get("warning", 0.05) <= 0.02:
         return None
