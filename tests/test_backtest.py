@@ -257,3 +257,18 @@ def test_harness_analyzer_cannot_replace_a_built_in(run, tmp_path):
         "    return []\n")
     with pytest.raises(UserError, match="already registered"):
         health_report(run.path / "evidence", 0, "main", harness, tmp_path)
+
+
+def test_a_gate_the_stored_rollouts_already_fail_is_left_to_the_short_run(run):
+    """Replay re-scores the champion's own rollouts: a gate they fail whatever the rewards (a behaviour, like a
+    tool leak that an env.py edit would close) is inherited, not the candidate's failure."""
+    always = ("from evotrainer.trainer.diagnostics import Finding, analyzer\n\n\n"
+              "@analyzer('always_gated')\n"
+              "def always_gated(r, s, t):\n"
+              "    \"\"\"A behaviour every stored rollout shows.\"\"\"\n"
+              "    return [Finding(analyzer='always_gated', metric='m', value=1.0, severity='critical', gate=True,\n"
+              "                    message='stored behaviour')]\n")
+    branch = _candidate(run, 4, "always gated", {}, extra={"diagnostics/always_gated.py": always})
+    res = backtest(run.path, branch, replay_only=True, generation=0)
+    assert res.replay.inherited_gates == ["always_gated"]
+    assert "always_gated" not in res.failed_gates and "always_gated" in {f.analyzer for f in res.replay.findings}

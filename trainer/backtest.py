@@ -95,6 +95,7 @@ class ReplayResult(BaseModel):
     dead_ratio_after: float  # among the groups that stay in the loss
     findings: list[Finding]
     failed_gates: list[str]
+    inherited_gates: list[str] = []  # gates the stored rollouts fail under the champion's own harness too
     seconds: float
 
 
@@ -208,6 +209,10 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     steps = pd.concat([read_steps(spec.evidence_root, spec.generation, b).to_pandas() for b in spec.branches],
                       ignore_index=True)
     findings = run_all(after, steps, spec.thresholds)
+    # the stored rollouts are the champion's episodes: a gate they already fail under the champion's own rewards
+    # (a behaviour the candidate's change has not had the chance to alter, like a leak an env.py edit closes) says
+    # nothing about the candidate; the short run judges its own rollouts
+    inherited = sorted({f.analyzer for f in run_all(before, steps, spec.thresholds) if f.gate})
     agree_before = agreement(before["reward"].to_numpy(), before["correct"].to_numpy())
     agree_after = agreement(total, after["correct"].to_numpy())
     findings += _agreement_gate(agree_before, agree_after, after, spec.thresholds.get("replay_agreement", {}))
@@ -225,8 +230,8 @@ def replay(spec: ReplaySpec) -> ReplayResult:
         groups_dropped=int((~kept).sum()), dead_groups_dropped=int((~kept & dead_after).sum()),
         dead_ratio_before=float(dead_before.mean()),
         dead_ratio_after=float(dead_after[kept].mean()) if kept.any() else 0.0,
-        findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
-        seconds=round(time.time() - started, 3),
+        findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate} - set(inherited)),
+        inherited_gates=inherited, seconds=round(time.time() - started, 3),
     )
 
 
@@ -336,6 +341,9 @@ class BacktestResult(BaseModel):
                       f"{_f(r.agreement_after.rewarded_incorrect)} |", "",
                       f"Groups rescued by the new reward: {r.groups_rescued}; deadened: {r.groups_deadened}; "
                       f"dropped by group filters: {r.groups_dropped} ({r.dead_groups_dropped} of them dead).", ""]
+            if r.inherited_gates:
+                lines += [f"Gates the stored rollouts already fail under the champion's harness (left to the short "
+                          f"run): {', '.join(r.inherited_gates)}.", ""]
             lines += [f"- **{f.severity}**{' **GATE**' if f.gate else ''} `{f.analyzer}` {f.message}"
                       for f in r.findings]
         if self.short_run:
