@@ -139,8 +139,8 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
 
 # Per-domain loop settings where the general defaults do not fit. SWE: a step of 32 episodes takes ~9 s here and
 # a sealed evaluation ~0.15 s per episode, while the effects at stake (a leak learnt within tens of steps) need
-# short runs longer than the general 5 steps to show on sealed dev. About 15 minutes a generation on 2 cores.
-LOOP_DEFAULTS: dict[str, dict] = {"swe": {"train_steps": 15, "backtest_steps": 12, "dev_items": 200}}
+# short runs longer than the general 5 steps to show on sealed dev. About 13 minutes a generation on 2 cores.
+LOOP_DEFAULTS: dict[str, dict] = {"swe": {"train_steps": 12, "backtest_steps": 10, "dev_items": 200}}
 
 
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
