@@ -82,8 +82,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
             f"train reward rose {s.train_reward_delta:+.3f} over the control ({unexplained:+.3f} more than the "
             f"sealed train correct rate) but {interval} and no gate fired: a diagnostic missed what the reward "
             "paid for"], **base)
-    return Verdict(decision="reject", reasons=[f"{interval}: the interval does not exclude zero "
-                                               f"(stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
+    why = "worse than the champion" if s.ci_high < 0 else "the interval does not exclude zero"
+    return Verdict(decision="reject", reasons=[f"{interval}: {why} (stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
 
 
 def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:
