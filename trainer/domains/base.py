@@ -77,6 +77,12 @@ def prompt_hash(prompt: str) -> int:
     return int.from_bytes(hashlib.blake2b(norm.encode(), digest_size=8).digest(), "big")
 
 
+def split_of(prompt: str) -> str:
+    """The split a prompt belongs to, by its hash: 15% dev, 15% test, 70% train (disjoint by construction)."""
+    bucket = prompt_hash(prompt) % 20
+    return "dev" if bucket < 3 else "test" if bucket < 6 else "train"
+
+
 def fingerprint(domain: Domain) -> str:
     """Hash of the domain's code and of its dev/test data: changes when the sealed side changes."""
     h = hashlib.blake2b(digest_size=16)

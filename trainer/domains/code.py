@@ -33,7 +33,7 @@ import json
 import random
 from functools import cache
 
-from evotrainer.trainer.domains.base import Grade, Task, prompt_hash
+from evotrainer.trainer.domains.base import Grade, Task, prompt_hash, split_of
 
 LEVEL_WEIGHTS = {1: 0.15, 2: 0.35, 3: 0.20, 4: 0.20, 5: 0.10}
 EVAL_SIZE = 1000  # dev and test each
@@ -106,10 +106,6 @@ def _draw(level: int, rng: random.Random) -> Task:
     return _task(level, expr, xs)
 
 
-def _split_of(prompt: str) -> str:
-    bucket = prompt_hash(prompt) % 20
-    return "dev" if bucket < 3 else "test" if bucket < 6 else "train"
-
 
 @cache
 def _eval_split(split: str) -> tuple[Task, ...]:
@@ -120,7 +116,7 @@ def _eval_split(split: str) -> tuple[Task, ...]:
             if len(seen) == quota:
                 break
             t = _draw(level, rng)
-            if _split_of(t.prompt) == split:
+            if split_of(t.prompt) == split:
                 seen.setdefault(t.prompt, t)
         if len(seen) < quota:
             raise RuntimeError(f"code level {level} yields only {len(seen)} distinct {split} tasks, needs {quota}")
@@ -177,7 +173,7 @@ class CodeDomain:
         out: list[Task] = []
         while len(out) < (n or 10_000):  # one draw after the other: the first n tasks do not depend on n
             t = _draw(rng.choices(levels, weights)[0], rng)
-            if _split_of(t.prompt) == "train":
+            if split_of(t.prompt) == "train":
                 out.append(t)
         return out
 

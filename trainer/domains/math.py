@@ -19,7 +19,7 @@ import random
 import re
 from functools import cache
 
-from evotrainer.trainer.domains.base import Task, prompt_hash
+from evotrainer.trainer.domains.base import Task, split_of
 
 LEVEL_WEIGHTS = {1: 0.10, 2: 0.40, 3: 0.25, 4: 0.10, 5: 0.15}
 EVAL_SIZE = 2000  # dev and test each: large enough to see effects of a few points (DESIGN §7)
@@ -36,10 +36,6 @@ _WORD_TEMPLATES = [  # short on purpose: prompt length is most of the compute of
 _ANSWER_LINE = re.compile(r"Answer:\s*(-?\d+)\s*$")
 _BARE = re.compile(r"\s*(-?\d+)\s*")
 
-
-def _split_of(prompt: str) -> str:
-    bucket = prompt_hash(prompt) % 20
-    return "dev" if bucket < 3 else "test" if bucket < 6 else "train"
 
 
 def _arith(level: int, a: int, op: str, b: int) -> Task:
@@ -87,7 +83,7 @@ def _level_pool(level: int) -> tuple[Task, ...]:
 
 @cache
 def _split_pool(level: int, split: str) -> tuple[Task, ...]:
-    return tuple(t for t in _level_pool(level) if _split_of(t.prompt) == split)
+    return tuple(t for t in _level_pool(level) if split_of(t.prompt) == split)
 
 
 class MathDomain:

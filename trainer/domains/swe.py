@@ -28,7 +28,7 @@ import random
 from functools import cache
 
 from evotrainer.trainer.domains import swe_env
-from evotrainer.trainer.domains.base import Grade, Task, prompt_hash
+from evotrainer.trainer.domains.base import Grade, Task, split_of
 
 LEVEL_WEIGHTS = {1: 0.35, 2: 0.40, 3: 0.25}
 EVAL_SIZE = 400  # dev and test each: every item is a whole episode
@@ -144,10 +144,6 @@ def _make(level: int, rng: random.Random) -> Task:
                 columns=(("files", json.dumps(files)), ("tests", json.dumps(tests)), ("history", history)))
 
 
-def _split_of(prompt: str) -> str:
-    bucket = prompt_hash(prompt) % 20
-    return "dev" if bucket < 3 else "test" if bucket < 6 else "train"
-
 
 @cache
 def _eval_split(split: str) -> tuple[Task, ...]:
@@ -156,7 +152,7 @@ def _eval_split(split: str) -> tuple[Task, ...]:
         rng, quota, seen = random.Random(f"swe-{split}-{level}"), round(EVAL_SIZE * w), {}
         while len(seen) < quota:
             t = _make(level, rng)
-            if _split_of(t.prompt) == split:
+            if split_of(t.prompt) == split:
                 seen.setdefault(t.prompt, t)
         out.extend(seen.values())
     random.Random(f"swe-{split}-order").shuffle(out)
@@ -199,7 +195,7 @@ class SWEDomain:
         seen: set[str] = set()
         while len(out) < (n or 10_000):  # one draw after the other: the first n tasks do not depend on n
             t = _make(rng.choices(levels, weights)[0], rng)
-            if _split_of(t.prompt) == "train" and t.prompt not in seen:
+            if split_of(t.prompt) == "train" and t.prompt not in seen:
                 seen.add(t.prompt)
                 out.append(t)
         return out
