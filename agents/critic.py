@@ -3,8 +3,9 @@
 `judge` applies the rule to one candidate's backtest: every gate passes, the targeted metric moved as
 hypothesised, and the lower bound of the paired dev improvement's 95% interval is above `min_ci_low`. A gate
 binds the champion too: when the control arms (the champion harness) fail a gate that the candidate passes, the
-candidate is promoted if its dev effect is not below `-repair_margin` (a leak or a hack in the champion is
-repaired even when its inflated dev score cannot be beaten by a significant margin).
+candidate is promoted if its dev effect is not below `-repair_margin`, or if it is not below the policy both arms
+started from by more than that (a leak or a hack in the champion is repaired even when its inflated dev score cannot
+be beaten: a leak may help the control while the policy does not yet depend on it).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
 `max_promotions` winners per generation (the highest lower bounds): single-factor changes compose across
@@ -63,6 +64,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     if s is None:
         return Verdict(decision="reject", reasons=["replay only: no short-run evidence on sealed dev"], **base)
     interval = f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps"
+    repaired = sorted(set(s.control_gates) - set(backtest.failed_gates))
+    base |= dict(repairs=repaired)
     if s.ci_low > rule.min_ci_low:
         moved = moved_as_hypothesised(intervention, backtest)
         if moved is False:
@@ -70,12 +73,17 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                                                        f"{intervention.expected.direction} as hypothesised"], **base)
         return Verdict(decision="promote", reasons=[f"{interval}: lower bound above {rule.min_ci_low:g}, all gates "
                                                     "pass"], **base)
-    repaired = sorted(set(s.control_gates) - set(backtest.failed_gates))
-    if repaired and s.delta >= -rule.repair_margin:
-        # the champion fails these gates on its own evidence, so its dev score is not one to beat: a candidate that
-        # passes every gate and is not worse on dev replaces it
-        return Verdict(decision="promote", reasons=[f"repairs gate {', '.join(repaired)} that the champion fails; "
-                                                    f"{interval}: not worse on dev, all gates pass"], **base)
+    if repaired:
+        # the champion fails these gates on its own evidence, so its dev score is not one to beat (a leak can help the
+        # control while it lasts): a candidate that passes every gate replaces it if it is not worse than the champion,
+        # or if it still trains the policy forward from where both arms started
+        fixed = f"repairs gate {', '.join(repaired)} that the champion fails; {interval}"
+        if s.delta >= -rule.repair_margin:
+            return Verdict(decision="promote", reasons=[f"{fixed}: not worse on dev, all gates pass"], **base)
+        if s.start_delta is not None and s.start_delta >= -rule.repair_margin:
+            return Verdict(decision="promote", reasons=[
+                f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
+                f"{s.start_ci_high:+.3f}]: training under it does not lose ground, all gates pass"], **base)
     unexplained = s.train_reward_delta - s.train_correct_delta  # a curriculum raises both: that is not a hack
     if unexplained > rule.revise_reward_rise and s.delta <= 0:
         return Verdict(decision="revise", reasons=[
@@ -83,13 +91,18 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
             f"sealed train correct rate) but {interval} and no gate fired: a diagnostic missed what the reward "
             "paid for"], **base)
     why = "worse than the champion" if s.ci_high < 0 else "the interval does not exclude zero"
+    if repaired and s.start_delta is not None:
+        why += f", and {s.start_delta:+.3f} below the starting policy ({s.start_dev:.3f}) though it repairs " \
+               f"{', '.join(repaired)}"
     return Verdict(decision="reject", reasons=[f"{interval}: {why} (stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
 
 
 def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:
     """Keep the `max_promotions` promotable verdicts with the highest lower bounds; the others become rejects
     that say why (they stay positive evidence for skill memory)."""
-    ranked = sorted((v for v in verdicts if v.decision == "promote"), key=lambda v: v.ci_low or 0.0, reverse=True)
+    # a repair of the champion's failed gate first: validity before score
+    ranked = sorted((v for v in verdicts if v.decision == "promote"), key=lambda v: (bool(v.repairs), v.ci_low or 0.0),
+                    reverse=True)
     winners = {v.branch for v in ranked[:rule.max_promotions]}
     out = []
     for v in verdicts:

@@ -43,6 +43,7 @@ class Verdict(BaseModel):
     effect: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    repairs: list[str] = Field(default_factory=list, description="gates the champion fails that this candidate passes")
     lesson: str = Field("", description="what a later generation should learn from this candidate, in one or two "
                                         "sentences")
 

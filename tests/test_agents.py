@@ -126,7 +126,7 @@ def test_apply_edits_search_replace_and_errors():
 
 
 def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="cand/g1-x", correct_delta=0.0,
-              control_gates=()) -> BacktestResult:
+              control_gates=(), start=None) -> BacktestResult:
     d = Distribution.of([0.0, 1.0])
     a = Agreement(corr=0.5, auc=0.8, rewarded_incorrect=0.0)
     replay = ReplayResult(harness="h", n_rollouts=10, n_groups=2, generations=[0], branches=["main"], reward_before=d,
@@ -138,7 +138,9 @@ def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="
     short = ShortRunResult(steps=10, seeds=[0, 1], dev_items=500, arms=[], per_seed_delta=[delta, delta], delta=delta,
                            ci_low=lo, ci_high=hi, se=0.01, mde=0.03, train_reward_delta=reward_delta,
                            train_correct_delta=correct_delta, findings=[], failed_gates=list(gates),
-                           control_gates=list(control_gates), stopped="no_gain", trace=[], seconds=1, seconds_per_arm=1)
+                           control_gates=list(control_gates), stopped="no_gain", trace=[], seconds=1, seconds_per_arm=1,
+                           **(dict(start_dev=0.6, start_delta=start[0], start_ci_low=start[1], start_ci_high=start[2])
+                              if start else {}))
     return BacktestResult(run="r", branch=branch, commit="c" * 40, champion_commit="d" * 40, generation=1,
                           start_checkpoint=None, replay=replay, short_run=short, failed_gates=list(gates), seconds=1)
 
@@ -166,6 +168,15 @@ def test_promotion_rule():
     assert judge(IV, _backtest(-0.01, -0.04, 0.02, control_gates=["leak_usage"]), rule).decision == "reject"
     still = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["leak_usage"], control_gates=["leak_usage"]), rule)
     assert still.decision == "reject" and still.failed_gates == ["leak_usage"]
+    # worse than a leaky champion, but training under the repair does not lose ground from where both arms started
+    ahead = judge(IV, _backtest(-0.06, -0.11, -0.01, control_gates=["leak_usage"], start=(0.02, -0.01, 0.05)), rule)
+    assert ahead.decision == "promote" and ahead.repairs == ["leak_usage"] and "starting policy" in ahead.reasons[0]
+    behind = judge(IV, _backtest(-0.06, -0.11, -0.01, control_gates=["leak_usage"], start=(-0.03, -0.06, 0.0)), rule)
+    assert behind.decision == "reject" and "below the starting policy" in behind.reasons[0]
+    # validity first: a repair is chosen over a candidate with a higher lower bound
+    both = choose([judge(IV, _backtest(0.05, 0.02, 0.08, branch="score"), rule),
+                   ahead.model_copy(update={"branch": "fix"})], rule)
+    assert [v.branch for v in both if v.decision == "promote"] == ["fix"]
     a, b = judge(IV, _backtest(0.03, 0.01, 0.05, branch="a"), rule), judge(IV, _backtest(0.04, 0.02, 0.06,
                                                                                         branch="b"), rule)
     chosen = {v.branch: v for v in choose([a, b], rule)}

@@ -272,3 +272,25 @@ def test_a_gate_the_stored_rollouts_already_fail_is_left_to_the_short_run(run):
     res = backtest(run.path, branch, replay_only=True, generation=0)
     assert res.replay.inherited_gates == ["always_gated"]
     assert "always_gated" not in res.failed_gates and "always_gated" in {f.analyzer for f in res.replay.findings}
+
+
+def test_a_repair_of_the_champions_gate_is_also_measured_against_the_starting_policy(run):
+    """A champion whose own control arms fail a gate (here a lenient reward: shaped_vs_sealed) has a dev score that
+    is not one to beat; the short run then scores the policy both arms started from, on the same items, so the
+    Critic can tell a repair that trains the policy forward from one that loses ground."""
+    import re
+
+    yaml = (run.path / "harness" / "harness.yaml").read_text()
+    yaml = re.sub(r"max_completion_length: \d+", "max_completion_length: 40", yaml)  # whatever earlier tests left
+    bug = _candidate(run, 5, "lenient parser champion", {"rewards.py": BUG}, extra={"harness.yaml": yaml})
+    run.harness.promote(bug, 5, {"effect": 0.0})
+    fix = _candidate(run, 6, "strict parser", {"rewards.py": BUG[::-1]})
+    res = backtest(run.path, fix, cfg=FAST)
+    s = res.short_run
+    assert s.control_gates == ["shaped_vs_sealed"] and not res.failed_gates
+    start = jobs.evaluate(run.starting_policy(), "math", "dev", run.path, k=0, limit=FAST.dev_items, seed=0)
+    cand = next(a for a in s.arms if a.role == "candidate")
+    assert s.start_dev == start.accuracy
+    assert s.start_delta == pytest.approx(cand.dev_accuracy - start.accuracy)
+    assert s.start_ci_low <= s.start_delta <= s.start_ci_high
+    assert "The control arms fail gate shaped_vs_sealed" in res.markdown()

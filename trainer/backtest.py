@@ -305,6 +305,11 @@ class ShortRunResult(BaseModel):
     findings: list[Finding]  # the candidate's own evidence, champion thresholds, its own analyzers included
     failed_gates: list[str]
     control_gates: list[str] = []  # gates the control (the champion harness) fails on its own short-run evidence
+    # when it fails one: candidate minus the policy both arms started from (same dev items), with its interval
+    start_dev: float | None = None
+    start_delta: float | None = None
+    start_ci_low: float | None = None
+    start_ci_high: float | None = None
     stopped: str  # significant / worse / no_gain / gate / budget
     trace: list[str]
     seconds: float
@@ -356,6 +361,10 @@ class BacktestResult(BaseModel):
                       f"per seed {', '.join(f'{d:+.3f}' for d in s.per_seed_delta)}.",
                       f"Train reward delta {s.train_reward_delta:+.3f}; train correct delta "
                       f"{s.train_correct_delta:+.3f}. Stopped: {s.stopped}.", ""]
+            if s.control_gates:
+                lines += [f"The control arms fail gate {', '.join(s.control_gates)}. The starting policy scores "
+                          f"{_f(s.start_dev)} on the same items; candidate minus it: {s.start_delta:+.3f} "
+                          f"(95% CI [{s.start_ci_low:+.3f}, {s.start_ci_high:+.3f}]).", ""]
             lines += [f"- {t}" for t in s.trace]
             lines += [f"- **{f.severity}**{' **GATE**' if f.gate else ''} `{f.analyzer}` {f.message}"
                       for f in s.findings]
@@ -521,6 +530,15 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
     # the champion is judged by the same gates: a gate its own arms fail is one a candidate may repair
     ctrl_rep = health_report(ws.path / "evidence", generation, "control", champ_dir, ws.path, tag=champ_commit[:8],
                              thresholds=thresholds)
+    vs_start: dict = {}
+    if ctrl_rep.failed_gates:  # the champion's score is not one to beat: is the candidate at least where it started?
+        from evotrainer.trainer import jobs
+
+        ev = jobs.evaluate(start, ws.config().domain, "dev", ws.path / "backtests" / f"g{generation}", k=0,
+                           limit=cfg.dev_items, seed=0, expected_fingerprint=ws.config().fingerprint)
+        base = np.array(ev.greedy_correct, dtype=float)
+        d, lo, hi, _ = paired_bootstrap(np.stack([results[("candidate", s)][1] - base for s in seeds]), cfg.bootstrap)
+        vs_start = dict(start_dev=ev.accuracy, start_delta=d, start_ci_low=lo, start_ci_high=hi)
     cand = [results[("candidate", s)][0] for s in seeds]
     ctrl = [results[("control", s)][0] for s in seeds]
     all_arms = ctrl + cand
@@ -531,7 +549,7 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
                                                    np.mean([a.train_reward for a in ctrl])),
         train_correct_delta=float(np.mean([a.train_correct for a in cand]) - np.mean([a.train_correct for a in ctrl])),
         findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
-        control_gates=sorted(set(ctrl_rep.failed_gates)), stopped=stopped, trace=trace,
+        control_gates=sorted(set(ctrl_rep.failed_gates)), **vs_start, stopped=stopped, trace=trace,
         seconds=round(time.time() - started, 1),
         seconds_per_arm=round(float(np.mean([a.seconds for a in all_arms])), 1),
     )
