@@ -293,4 +293,5 @@ def test_a_repair_of_the_champions_gate_is_also_measured_against_the_starting_po
     assert s.start_dev == start.accuracy
     assert s.start_delta == pytest.approx(cand.dev_accuracy - start.accuracy)
     assert s.start_ci_low <= s.start_delta <= s.start_ci_high
+    assert f"[{s.ci_low:+.3f}, {s.ci_high:+.3f}]" in s.trace[-1]  # the candidate-vs-control interval is its own
     assert "The control arms fail gate shaped_vs_sealed" in res.markdown()

@@ -537,8 +537,9 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
         ev = jobs.evaluate(start, ws.config().domain, "dev", ws.path / "backtests" / f"g{generation}", k=0,
                            limit=cfg.dev_items, seed=0, expected_fingerprint=ws.config().fingerprint)
         base = np.array(ev.greedy_correct, dtype=float)
-        d, lo, hi, _ = paired_bootstrap(np.stack([results[("candidate", s)][1] - base for s in seeds]), cfg.bootstrap)
-        vs_start = dict(start_dev=ev.accuracy, start_delta=d, start_ci_low=lo, start_ci_high=hi)
+        d0, lo0, hi0, _ = paired_bootstrap(np.stack([results[("candidate", s)][1] - base for s in seeds]),
+                                           cfg.bootstrap)
+        vs_start = dict(start_dev=ev.accuracy, start_delta=d0, start_ci_low=lo0, start_ci_high=hi0)
     cand = [results[("candidate", s)][0] for s in seeds]
     ctrl = [results[("control", s)][0] for s in seeds]
     all_arms = ctrl + cand
