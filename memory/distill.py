@@ -34,7 +34,7 @@ def validation_of(verdict: Verdict, domain: str, backtest: BacktestResult | None
                   generation: int = 0, commit: str = "") -> Validation:
     s = backtest.short_run if backtest else None
     gates = sorted(set(verdict.failed_gates) | set(backtest.failed_gates if backtest else []))
-    return Validation(domain=domain, verdict=verdict.decision, failed_gates=gates,
+    return Validation(domain=domain, verdict=verdict.decision, failed_gates=gates, repairs=verdict.repairs,
                       effect=s.delta if s else verdict.effect, ci_low=s.ci_low if s else verdict.ci_low,
                       ci_high=s.ci_high if s else verdict.ci_high, seeds=len(s.seeds) if s else 0,
                       steps=s.steps if s else 0, dev_items=s.dev_items if s else 0,
@@ -48,6 +48,10 @@ def _lesson(intervention: Intervention, v: Validation) -> str:
         return f"{intervention.change}: blocked by {', '.join(v.failed_gates)} in {v.domain}."
     if v.effect is None:
         return f"{intervention.change}: {v.verdict} in {v.domain}, not measured on dev."
+    if v.repairs:
+        return (f"{intervention.change}: repairs {', '.join(v.repairs)} that the champion failed; dev {v.effect:+.3f} "
+                f"[{v.ci_low:+.3f}, {v.ci_high:+.3f}] against the gated champion over {v.seeds} seeds x {v.steps} "
+                f"steps in {v.domain} ({v.verdict}).")
     return (f"{intervention.change}: dev {v.effect:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}] over {v.seeds} seeds x "
             f"{v.steps} steps in {v.domain} ({v.verdict}).")
 

@@ -43,6 +43,7 @@ class Validation(BaseModel):
     steps: int = 0
     dev_items: int = 0
     failed_gates: list[str] = Field(default_factory=list)
+    repairs: list[str] = Field(default_factory=list, description="gates the champion failed that this candidate passed")
     run: str = ""
     generation: int = 0
     branch: str = ""
@@ -57,7 +58,8 @@ class Validation(BaseModel):
 
     @property
     def held(self) -> bool:
-        """Positive evidence: promoted, or a clean significant gain."""
+        """Positive evidence: promoted (a gain, or the repair of a gate the champion failed), or a clean
+        significant gain."""
         return self.verdict == "promote" or (not self.failed_gates and self.ci_low is not None and self.ci_low > 0)
 
 
@@ -94,8 +96,10 @@ class Skill(BaseModel):
             self.effect = next((v.effect for v in self.validations if v.effect is not None), None)
             self.ci_low = self.ci_high = None
         gated = any(v.failed_gates for v in self.validations)
-        positive = not gated and (self.ci_low > 0 if self.ci_low is not None
-                                  else any(v.held for v in self.validations))
+        # a promoted repair is positive even at a dev cost (the effect records that cost): validity before score
+        repaired = any(v.repairs and v.verdict == "promote" for v in self.validations)
+        positive = not gated and (repaired or (self.ci_low > 0 if self.ci_low is not None
+                                               else any(v.held for v in self.validations)))
         self.outcome = "positive" if positive else "negative"
         agree = [v.domain for v in self.validations if v.held == positive]
         self.domains = sorted(set(agree or [v.domain for v in self.validations]))

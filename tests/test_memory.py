@@ -227,3 +227,25 @@ def test_cli_list_query_show_export_import(corpus_store, tmp_path):
     res = run_cli("skills", "import", str(out), "--skills", str(tmp_path / "new"), "--embedding", "hashing")
     assert res.returncode == 0 and f"imported {len(corpus_store)} skills" in res.stdout
     assert SkillStore(tmp_path / "new").embedding == "hashing"
+
+
+def test_a_promoted_repair_is_a_positive_lesson_at_a_dev_cost():
+    """A candidate that closed a leak the champion's gate caught is promoted though the leaky control scored
+    higher on dev: memory keeps it as positive (so a later Planner proposes it first), with the cost in its effect."""
+    def skill(*validations):
+        return Skill(trigger=Trigger(text="leak"), factor="env.tools", intervention="remove history",
+                     validations=list(validations)).recompute()
+
+    repair = Validation(domain="swe", verdict="promote", effect=-0.058, ci_low=-0.110, ci_high=-0.007, seeds=2,
+                        repairs=["leak_usage"])
+    cost = skill(repair)
+    assert cost.outcome == "positive" and cost.effect == pytest.approx(-0.058, abs=0.01)
+    assert skill(repair.model_copy(update={"repairs": []})).outcome == "negative"  # a plain loss: nothing to copy
+    assert skill(repair.model_copy(update={"verdict": "reject"})).outcome == "negative"  # rejected: no repair made
+    still_gated = repair.model_copy(update={"failed_gates": ["leak_usage"]})
+    assert skill(still_gated).outcome == "negative"
+    v = Verdict(branch="cand/g1-close-leak", decision="promote", effect=-0.058, ci_low=-0.11, ci_high=-0.007,
+                repairs=["leak_usage"])
+    from evotrainer.memory.distill import validation_of
+
+    assert validation_of(v, "swe").repairs == ["leak_usage"]
