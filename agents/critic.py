@@ -31,6 +31,8 @@ class PromotionRule(BaseModel):
     max_promotions: int = Field(1, ge=0, description="winners per generation")
     repair_margin: float = Field(0.0, description="a candidate that passes a gate the champion fails is promoted "
                                                   "when its paired dev effect is at least -repair_margin")
+    replay_only: bool = Field(False, description="ablation: with no short run, promote when every gate passes and "
+                                                 "the replay moved the hypothesised metric its way")
     revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
                                                         "minus control) without a dev gain that asks for diagnostics "
                                                         "revision")
@@ -60,9 +62,22 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     base = dict(branch=backtest.branch, failed_gates=backtest.failed_gates, effect=s.delta if s else None,
                 ci_low=s.ci_low if s else None, ci_high=s.ci_high if s else None)
     if backtest.failed_gates:
-        return Verdict(decision="reject", reasons=[f"failed gate {g}" for g in backtest.failed_gates], **base)
+        # a gate the champion's own arms fail as well is inherited: the candidate cannot be promoted (it keeps the
+        # fault), but the fault says nothing about its change, so memory records no lesson about the change
+        inherited = sorted(set(backtest.failed_gates) & set(s.control_gates if s else []))
+        return Verdict(decision="reject", inherited_gates=inherited, reasons=[
+            f"failed gate {g}" + (", which the champion fails too (inherited, not this change's doing)"
+                                  if g in inherited else "") for g in backtest.failed_gates], **base)
     if s is None:
-        return Verdict(decision="reject", reasons=["replay only: no short-run evidence on sealed dev"], **base)
+        moved = moved_as_hypothesised(intervention, backtest) if rule.replay_only else None
+        if moved:
+            e = intervention.expected
+            return Verdict(decision="promote", reasons=[f"replay only (ablation): {e.metric} moved {e.direction} as "
+                                                        "hypothesised, all gates pass; no sealed dev evidence"], **base)
+        return Verdict(decision="reject", reasons=["replay only: no short-run evidence on sealed dev" +
+                                                   (f" and the replay does not show {intervention.expected.metric} "
+                                                    f"moving {intervention.expected.direction}" if rule.replay_only
+                                                    else "")], **base)
     interval = f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps"
     repaired = sorted(set(s.control_gates) - set(backtest.failed_gates))
     base |= dict(repairs=repaired)

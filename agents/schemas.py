@@ -44,6 +44,8 @@ class Verdict(BaseModel):
     ci_low: float | None = None
     ci_high: float | None = None
     repairs: list[str] = Field(default_factory=list, description="gates the champion fails that this candidate passes")
+    inherited_gates: list[str] = Field(default_factory=list, description="failed gates the champion's own arms fail "
+                                                                         "too: not this change's doing")
     lesson: str = Field("", description="what a later generation should learn from this candidate, in one or two "
                                         "sentences")
 

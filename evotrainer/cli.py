@@ -405,6 +405,39 @@ def resume(
     _drive(RunWorkspace.open(directory), fresh=False, as_json=as_json)
 
 
+@app.command()
+def compare(
+    domain: Annotated[str, typer.Option(help="math or code")] = "math",
+    seeds: Annotated[int, typer.Option(min=1, help="seeds 0..S-1 of every arm")] = 3,
+    out: Annotated[Path, typer.Option(help="the comparison directory (rerun the same command to resume it)")]
+    = Path("runs/compare"),
+    budget: Annotated[str, typer.Option(help="default (2 generations x 2 candidates per loop arm) or smoke")]
+    = "default",
+    arms: Annotated[str | None, typer.Option(help="comma-separated subset of: evotrainer, reference, clip_higher, "
+                                                  "dr_grpo, zero_var, no_revision, no_memory, replay_only")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(help="starting policy of every arm (default: the cached warm "
+                                                         "policy of seed 0)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="no live display; print the arm summaries as JSON")] = False,
+) -> None:
+    """EvoTrainer against static recipes and its ablations: same warm policy, seeds and sealed test."""
+    import shlex
+
+    from evotrainer.compare import compare as run_compare
+
+    command = "evotrainer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    with progress_display(not as_json) as feed:
+        status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
+                                                                              highlight=False))
+        result = run_compare(_ensure_writable(out), domain, seeds, arms.split(",") if arms else None, budget,
+                             checkpoint, command, status=status, on_progress=feed("warm-up (SFT, cached)"))
+    if as_json:
+        print(json.dumps([s.model_dump() for s in result.summaries]))
+        return
+    Console().print((out / "results.md").read_text(), highlight=False)
+    Console().print(f"report: {out / 'results.md'}, {out / 'compare.json'}, {out / 'accuracy_vs_compute.png'}, "
+                    f"{out / 'lineage.png'}")
+
+
 from evotrainer.cli_skills import app as skills_app  # noqa: E402  (the sub-commands register on import)
 
 app.add_typer(skills_app, name="skills")

@@ -41,7 +41,8 @@ class Loop:
         self.ws, self.cfg, self.meta, self.store, self.events = ws, ws.config(), meta, store, events
         self.feed = feed or (lambda label: (lambda event: None))
         self.status = status or (lambda text: None)
-        self.rule = PromotionRule(min_ci_low=self.cfg.loop.min_ci_low, max_promotions=self.cfg.loop.max_promotions)
+        self.rule = PromotionRule(min_ci_low=self.cfg.loop.min_ci_low, max_promotions=self.cfg.loop.max_promotions,
+                                  replay_only=not self.cfg.loop.short_runs)
 
     # -- plumbing ------------------------------------------------------------------------------
     def node(self, name: str, fn: Callable[[LoopState], dict]) -> Callable[[LoopState], dict]:
@@ -150,7 +151,8 @@ class Loop:
     def plan(self, state: LoopState) -> dict:
         g, ws = state.generation, self.ws
         trigger = trigger_of(state.findings, state.diagnosis.summary)
-        hits = self.store.query(trigger.text, k=10, domain=self.cfg.domain, analyzers=trigger.analyzers)
+        hits = self.store.query(trigger.text, k=10, domain=self.cfg.domain, analyzers=trigger.analyzers) \
+            if self.cfg.loop.skill_memory else []
         head = ws.harness.head("main")
         tried = sorted({r.factor for r in ws.harness.lineage() if r.parent == head and r.factor})
         plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
@@ -245,7 +247,7 @@ class Loop:
             except UserError as e:
                 cand.error = f"backtest failed: {e}"
                 continue
-            if screen.failed_gates:
+            if screen.failed_gates or not self.cfg.loop.short_runs:  # gated, or the replay-only ablation
                 atomic_write_text(path.with_suffix(".md"), screen.markdown())
                 atomic_write_text(path, screen.model_dump_json(indent=2))
                 results[i] = screen
@@ -297,7 +299,8 @@ class Loop:
                                   json.dumps(record, indent=2))
             self.events.emit("decision", node="critique", generation=g, branch=v.branch, decision=v.decision,
                              reasons=v.reasons)
-        return {"candidates": out, "revise": [c.branch for c in out if c.verdict.decision == "revise"]}
+        revise = [c.branch for c in out if c.verdict.decision == "revise"] if self.cfg.loop.revise_diagnostics else []
+        return {"candidates": out, "revise": revise}
 
     # -- promote -------------------------------------------------------------------------------
     def promote(self, state: LoopState) -> dict:
@@ -388,8 +391,13 @@ class Loop:
         g, ws = state.generation, self.ws
         for cand in state.candidates:
             v = cand.verdict
-            if not cand.backtest:
-                continue  # never measured: no lesson about the harness, only about the edit
+            if not cand.backtest or not self.cfg.loop.skill_memory:
+                continue  # never measured (no lesson about the harness, only about the edit), or memory is off
+            if v.decision == "reject" and v.failed_gates and set(v.failed_gates) <= set(v.inherited_gates):
+                self.events.emit("distill", node="distill", generation=g, branch=cand.branch, skill=None,
+                                 skipped=f"only gates the champion failed too ({', '.join(v.inherited_gates)}): "
+                                         "no lesson about the change")
+                continue
             bt = self._backtest_of(cand)
             skill, merged = distill(self.store, cand.intervention, v, self.cfg.domain, findings=state.findings,
                                     diagnosis=state.diagnosis.summary if state.diagnosis else "", backtest=bt,

@@ -168,11 +168,24 @@ def test_promotion_rule():
     assert judge(IV, _backtest(-0.01, -0.04, 0.02, control_gates=["leak_usage"]), rule).decision == "reject"
     still = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["leak_usage"], control_gates=["leak_usage"]), rule)
     assert still.decision == "reject" and still.failed_gates == ["leak_usage"]
+    assert still.inherited_gates == ["leak_usage"] and "inherited" in still.reasons[0]  # not the change's doing
+    own = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["shaped_vs_sealed"], control_gates=["leak_usage"]), rule)
+    assert own.inherited_gates == [] and own.reasons == ["failed gate shaped_vs_sealed"]
     # worse than a leaky champion, but training under the repair does not lose ground from where both arms started
     ahead = judge(IV, _backtest(-0.06, -0.11, -0.01, control_gates=["leak_usage"], start=(0.02, -0.01, 0.05)), rule)
     assert ahead.decision == "promote" and ahead.repairs == ["leak_usage"] and "starting policy" in ahead.reasons[0]
     behind = judge(IV, _backtest(-0.06, -0.11, -0.01, control_gates=["leak_usage"], start=(-0.03, -0.06, 0.0)), rule)
     assert behind.decision == "reject" and "below the starting policy" in behind.reasons[0]
+    # replay-only ablation: with no short run, a replay that moved the hypothesised metric is enough
+    dead = Intervention(id="g1-d", hypothesis="If dead groups are dropped, fewer dead groups", factor="f", change="c",
+                        expected={"metric": "dead_group_ratio", "direction": "down"})
+    replay_only = _backtest().model_copy(update={"short_run": None})
+    lowered = replay_only.model_copy(update={"replay": replay_only.replay.model_copy(update={"dead_ratio_after": 0.1})})
+    assert judge(dead, lowered, rule).decision == "reject"  # the default rule wants sealed dev evidence
+    ablation = PromotionRule(replay_only=True)
+    assert judge(dead, lowered, ablation).decision == "promote"
+    assert judge(dead, replay_only, ablation).decision == "reject"  # unchanged dead ratio
+    assert judge(IV, lowered, ablation).decision == "reject"  # dev accuracy: not something a replay measures
     # validity first: a repair is chosen over a candidate with a higher lower bound
     both = choose([judge(IV, _backtest(0.05, 0.02, 0.08, branch="score"), rule),
                    ahead.model_copy(update={"branch": "fix"})], rule)

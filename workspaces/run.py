@@ -55,6 +55,12 @@ class LoopConfig(BaseModel):
     repair_rounds: int = Field(2, ge=0, description="Coder repair rounds fed the validation error")
     min_ci_low: float = Field(0.0, description="promotion: lower bound of the paired dev interval must exceed it")
     max_promotions: int = Field(1, ge=0, description="winners per generation")
+    # ablations (evotrainer compare): each switches one part of the loop off
+    revise_diagnostics: bool = Field(True, description="write a new analyzer when a candidate's train reward rose "
+                                                       "without dev and no gate fired")
+    skill_memory: bool = Field(True, description="the Planner reads skill memory and distill writes to it")
+    short_runs: bool = Field(True, description="short runs on sealed dev; off: replay-only backtests, promotion on "
+                                               "the replay's evidence alone")
 
 
 class RunConfig(BaseModel):

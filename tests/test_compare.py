@@ -1,0 +1,113 @@
+"""`evotrainer compare`: arm harnesses, step accounting, statistics, bad input, and a one-seed smoke run of the real
+command (tiny policy, the `smoke` budget) that resumes instead of recomputing."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from evotrainer.compare import STATIC, Cell, line_steps, static_harness, summarize
+from evotrainer.trainer.harness import load_spec
+
+from .conftest import last_json, run_cli
+
+
+@pytest.mark.parametrize("domain", ["math", "code"])
+def test_static_arms_change_only_their_keys_and_stay_valid(domain, tmp_path):
+    from evotrainer.workspaces import TEMPLATES
+
+    template = (TEMPLATES / domain / "harness.yaml").read_text()
+    ref = yaml.safe_load(template)
+    for arm, keys in STATIC.items():
+        path = static_harness(domain, arm, tmp_path / arm)
+        text = (path / "harness.yaml").read_text()
+        assert text.startswith(f"# evotrainer compare: the {arm} arm")
+        assert text.count("#") == template.count("#") + 1  # the template's comments are kept
+        spec = yaml.safe_load(text)
+        for key, value in keys.items():
+            assert spec["trainer"].get(key, spec.get(key)) == yaml.safe_load(str(value)), (arm, key)
+        assert all(spec["trainer"][k] == v for k, v in ref["trainer"].items() if k not in keys), arm
+        assert all(spec[k] == ref[k] for k in ("rewards", "filters", "group_filters") if k not in keys), arm
+        assert load_spec(path).domain == domain
+    assert load_spec(tmp_path / "zero_var").group_filters == ["drop_dead_groups"]
+    assert load_spec(tmp_path / "dr_grpo").trainer["scale_rewards"] == "none"
+
+
+def test_line_steps_sum_the_parents_back_to_the_warm_policy(tmp_path):
+    warm, a, b = tmp_path / "warm", tmp_path / "a", tmp_path / "b"
+    for path, meta in ((warm, {"kind": "warm-policy", "steps": 300}), (a, {"parent": str(warm), "steps": 10}),
+                       (b, {"parent": str(a), "steps": 5})):
+        path.mkdir()
+        (path / "meta.json").write_text(json.dumps(meta))
+    assert line_steps(b) == 15 and line_steps(a) == 10 and line_steps(warm) == 0
+    assert line_steps(b, since=a) == 5 and line_steps(a, since=a) == 0  # from a trained starting checkpoint
+
+
+def _cell(arm, seed, correct, promotions=()):
+    return Cell(arm=arm, seed=seed, checkpoint="c", main_steps=4, total_steps=8, cpu_seconds=1, wall_seconds=1,
+                test_accuracy=sum(correct) / len(correct), test_avg_at_k=0.5, item_ids=[str(i) for i in range(len(
+                    correct))], greedy_correct=correct, promotions=list(promotions))
+
+
+def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions():
+    ref = [[True, False, True, False] * 25, [True, True, False, False] * 25]
+    better = [[True, True, True, False] * 25, [True, True, True, False] * 25]
+    fell = {"measured": True, "invalid": True}
+    cells = [_cell("reference", s, ref[s]) for s in (0, 1)] + \
+            [_cell("evotrainer", s, better[s], [fell] if s else []) for s in (0, 1)] + \
+            [_cell("zero_var", s, ref[s]) for s in (0, 1)]
+    by = {s.arm: s for s in summarize(cells, ["evotrainer", "reference", "zero_var"])}
+    assert by["reference"].vs_reference is None
+    assert by["zero_var"].vs_reference == (0.0, 0.0, 0.0)  # the same answers: no difference, no spread
+    d, lo, hi = by["evotrainer"].vs_reference
+    assert d == pytest.approx(0.25) and 0 < lo < d < hi
+    assert by["evotrainer"].test_ci[0] < by["evotrainer"].test_accuracy < by["evotrainer"].test_ci[1]
+    assert by["evotrainer"].invalid_promotions == 1 and by["evotrainer"].promotions == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--domain", "swe"], "compare supports --domain math or code"),
+    (["--arms", "evotrainer,oracle"], "unknown arm 'oracle'"),
+    (["--budget", "huge"], "unknown --budget 'huge'"),
+])
+def test_bad_requests_are_one_clear_error_and_write_nothing(args, message, tmp_path):
+    out = tmp_path / "cmp"
+    res = run_cli("compare", "--out", str(out), "--json", *args)
+    assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_path):
+    out = tmp_path / "cmp"
+    args = ["compare", "--domain", "math", "--seeds", "1", "--budget", "smoke", "--arms",
+            "reference,evotrainer,replay_only", "--checkpoint", str(tiny_policy), "--out", str(out), "--json"]
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summaries = {s["arm"]: s for s in json.loads(res.stdout.strip().splitlines()[-1])}
+    assert list(summaries) == ["evotrainer", "reference", "replay_only"]  # EvoTrainer first: the others match it
+    report = json.loads((out / "compare.json").read_text())
+    cells = {c["arm"]: c for c in report["cells"]}
+    evo, ref, replay = cells["evotrainer"], cells["reference"], cells["replay_only"]
+    # the reference trains exactly as many steps as the EvoTrainer champion line, which includes a promoted arm's
+    assert ref["main_steps"] == evo["main_steps"] == ref["total_steps"] >= 2
+    assert evo["total_steps"] > evo["main_steps"]  # the short runs' arms are compute the champion line did not keep
+    assert replay["total_steps"] == replay["main_steps"] == 2  # no short runs: only the champion's own steps
+    assert len(evo["lineage"]) == 1 and evo["lineage"][0]["decision"] in ("promote", "reject", "revise")
+    assert all(len(c["greedy_correct"]) == 60 for c in cells.values()) and evo["cpu_seconds"] > 0
+    for p in evo["promotions"]:
+        assert p["measured"] and p["invalid"] == (p["ci"][1] < 0)
+    assert summaries["evotrainer"]["vs_reference"] is not None
+    md = (out / "results.md").read_text()
+    assert "| evotrainer |" in md and "| reference |" in md and "evotrainer compare" in md
+    for png in ("accuracy_vs_compute.png", "lineage.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the same command again: every cell is on disk, nothing trains again
+    started = time.time()
+    again = run_cli(*args)
+    assert again.returncode == 0 and time.time() - started < 60
+    assert last_json(again.stdout) == last_json(res.stdout)
+    other = run_cli(*[a if a != "reference,evotrainer,replay_only" else "reference" for a in args])
+    assert other.returncode == 2 and "holds a comparison with other settings" in other.stderr
