@@ -247,7 +247,7 @@ class Compare:
         lineage, promotions = self._lineage(ws), []
         for h in summary.history:
             if h["promoted"]:
-                promotions.append(self._promotion(ws, summary.history, h, seed))
+                promotions.append(self._promotion(ws, h, seed))
         return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
                     total_steps=summary.steps_used, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct,
@@ -270,7 +270,7 @@ class Compare:
                         "failed_gates": v.get("failed_gates", []), "repairs": v.get("repairs", [])})
         return out
 
-    def _promotion(self, ws, history: list[dict], h: dict, seed: int) -> dict:
+    def _promotion(self, ws, h: dict, seed: int) -> dict:
         """The promoted harness's effect on the sealed test: the policy it handed on against the champion it
         replaced (the generation's trained checkpoint); a replay-only promotion hands on the same policy, so its
         harness is judged by the next generation's training."""
