@@ -23,10 +23,8 @@ it replaced (the paired 95% interval lies below zero).
 from __future__ import annotations
 
 import json
-import re
 import resource
 import shutil
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +40,7 @@ STATIC: dict[str, dict[str, object]] = {  # harness.yaml keys changed from the t
     # clip-higher only binds when a batch is reused: with one update per batch the ratio is 1 (README: the loop)
     "clip_higher": {"loss_type": "grpo", "epsilon_high": 0.28, "num_iterations": 2},
     "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none"},
-    "zero_var": {"group_filters": "[drop_dead_groups]"},
+    "zero_var": {"group_filters": ["drop_dead_groups"]},
 }
 LOOPS: dict[str, dict[str, bool]] = {  # LoopConfig switches
     "evotrainer": {},
@@ -88,8 +86,6 @@ class Cell(BaseModel):
     item_ids: list[str]
     greedy_correct: list[bool]
     promotions: list[dict] = []  # loop arms: branch, generation, test delta against the champion it replaced
-    rejected: int = 0
-    gate_rejections: int = 0
     lineage: list[dict] = []  # loop arms: every candidate with its generation, decision, dev effect, gates
 
 
@@ -143,8 +139,9 @@ def line_steps(checkpoint: Path, since: Path | None = None) -> int:
 
 
 def static_harness(domain: str, arm: str, dest: Path) -> Path:
-    """The domain's template with the arm's keys set, comments kept; validated like any harness."""
-    from evotrainer.trainer.harness import TRAINER_KEYS
+    """The domain's template with the arm's keys set (a list is a top-level `harness.yaml` list, a scalar a trainer
+    knob), comments kept; validated like any harness."""
+    from evotrainer.agents.offline.edits import EditError, set_knob, set_list
     from evotrainer.workspaces import TEMPLATES
 
     if dest.is_dir():
@@ -154,13 +151,12 @@ def static_harness(domain: str, arm: str, dest: Path) -> Path:
     shutil.copytree(TEMPLATES / domain, tmp)
     text = (tmp / "harness.yaml").read_text()
     for key, value in STATIC[arm].items():
-        text, n = re.subn(rf"^(\s*{key}:[ \t]*)[^#\n]*?([ \t]*(#.*)?)$", rf"\g<1>{value}\g<2>", text, count=1,
-                          flags=re.M)
-        if n == 0 and key in TRAINER_KEYS:  # a knob the template leaves at TRL's default
-            text, n = re.subn(r"^(trainer:.*)$", rf"\g<1>\n  {key}: {value}", text, count=1, flags=re.M)
-        if n != 1:
-            raise UserError(f"the {domain} template's harness.yaml has no {key!r} line for the {arm} arm to set")
-    changed = "".join(f", {k}={v}" for k, v in STATIC[arm].items())
+        try:  # a knob the template leaves at TRL's default gets its own line
+            text = set_list(text, key, value) if isinstance(value, list) else set_knob(text, key, value)
+        except EditError as e:
+            raise UserError(f"the {arm} arm cannot be built from the {domain} template: {e}") from e
+    changed = "".join(f", {k}={'[' + ', '.join(v) + ']' if isinstance(v, list) else v}"
+                      for k, v in STATIC[arm].items())
     (tmp / "harness.yaml").write_text(f"# evotrainer compare: the {arm} arm ({domain} template{changed})\n" + text)
     from evotrainer.trainer import jobs
 
@@ -222,7 +218,7 @@ class Compare:
 
     def _loop(self, arm: str, seed: int) -> Cell:
         from evotrainer.agents.offline.policy import OfflinePolicy
-        from evotrainer.graph.build import drive, open_run
+        from evotrainer.graph.build import drive, has_checkpoint, open_run
         from evotrainer.workspaces.run import RunWorkspace
 
         b = self.budget
@@ -238,7 +234,7 @@ class Compare:
                                                                "candidates": b.candidates},
                           meta_llm="offline", api_base=None, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
                           checkpoint=str(self.start), seed=seed, loop_overrides={**overrides, **LOOPS[arm]})
-        summary = drive(ws, OfflinePolicy(), fresh=not _started(run_dir))
+        summary = drive(ws, OfflinePolicy(), fresh=not has_checkpoint(run_dir / "graph.sqlite"))
         if not summary.finished:
             raise UserError(f"the {arm} run of seed {seed} stopped before its end ({summary.stop_reason}): rerun the "
                             "same compare command to resume it")
@@ -251,20 +247,15 @@ class Compare:
         return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
                     total_steps=summary.steps_used, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct,
-                    promotions=promotions, rejected=sum(1 for c in lineage if c["decision"] != "promote"),
-                    gate_rejections=sum(1 for c in lineage if c["decision"] != "promote" and c["failed_gates"]),
-                    lineage=lineage)
+                    promotions=promotions, lineage=lineage)
 
     @staticmethod
     def _lineage(ws) -> list[dict]:
-        from evotrainer.trainer.evidence import branch_dir
-
         out = []
         for r in ws.harness.lineage():
-            path = ws.path / "reports" / f"verdict-{branch_dir(r.branch)}.json"
-            if not path.is_file():
+            v = ws.verdict(r.branch)
+            if v is None:
                 continue
-            v = json.loads(path.read_text())
             out.append({"generation": r.generation, "branch": r.branch, "transform": v.get("transform"),
                         "decision": v["decision"], "effect": v.get("effect"), "ci_low": v.get("ci_low"),
                         "failed_gates": v.get("failed_gates", []), "repairs": v.get("repairs", [])})
@@ -316,20 +307,6 @@ class Compare:
         return comparison
 
 
-def _started(run_dir: Path) -> bool:
-    """Whether the run's graph has a checkpoint to resume from."""
-    db = run_dir / "graph.sqlite"
-    if not db.is_file():
-        return False
-    con = sqlite3.connect(str(db))
-    try:
-        return con.execute("select count(*) from checkpoints").fetchone()[0] > 0
-    except sqlite3.OperationalError:
-        return False
-    finally:
-        con.close()
-
-
 def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
     """Per arm: the mean over seeds with a two-level bootstrap interval (seeds, then items), and the paired
     difference to the reference on the same seeds and items."""
@@ -357,7 +334,8 @@ def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
             vs_reference=vs, main_steps=float(np.mean([c.main_steps for c in mine])),
             total_steps=float(np.mean([c.total_steps for c in mine])),
             cpu_seconds=float(np.mean([c.cpu_seconds for c in mine])), promotions=len(promos),
-            gate_rejections=sum(c.gate_rejections for c in mine),
+            gate_rejections=sum(1 for c in mine for v in c.lineage
+                                if v["decision"] != "promote" and v["failed_gates"]),
             invalid_promotions=sum(1 for p in promos if p.get("invalid"))))
     return out
 
@@ -466,6 +444,19 @@ def write_report(c: Comparison, out: Path) -> None:
     atomic_write_text(out / "results.md", markdown(c))
 
 
+def check_request(out: Path, request: dict) -> None:
+    """Record the request in `out`, refusing one that differs from the recorded one in anything but the number of
+    seeds: more seeds extend a comparison (the cells of the first seeds are kept), other settings would mix arms
+    measured differently."""
+    req = out / "request.json"
+    if req.is_file():
+        before = json.loads(req.read_text())
+        if {k: v for k, v in before.items() if k != "seeds"} != {k: v for k, v in request.items() if k != "seeds"}:
+            raise UserError(f"{out} holds a comparison with other settings ({req.read_text().strip()}): rerun it "
+                            "with those (--seeds may grow), or choose a new directory")
+    atomic_write_text(req, json.dumps(request))
+
+
 def compare(out: Path, domain: str, seeds: int, arms: list[str] | None, budget_name: str,
             checkpoint: Path | None, command: str, status: Callable[[str], None] | None = None,
             on_progress=None) -> Comparison:
@@ -486,11 +477,7 @@ def compare(out: Path, domain: str, seeds: int, arms: list[str] | None, budget_n
     out.mkdir(parents=True, exist_ok=True)
     request = {"domain": domain, "seeds": seeds, "arms": arms, "budget": budget_name,
                "checkpoint": str(checkpoint.resolve()) if checkpoint else None}
-    req = out / "request.json"
-    if req.is_file() and json.loads(req.read_text()) != request:
-        raise UserError(f"{out} holds a comparison with other settings ({req.read_text().strip()}): rerun it with "
-                        "those, or choose a new directory")
-    atomic_write_text(req, json.dumps(request))
+    check_request(out, request)
     start = checkpoint.resolve() if checkpoint else jobs.warm_policy(domain, 0, out, on_progress=on_progress)
     return Compare(out, domain, list(range(seeds)), arms, BUDGETS[budget_name], budget_name, start, command,
                    status).run()

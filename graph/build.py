@@ -56,6 +56,17 @@ def checkpointer(path: Path) -> SqliteSaver:
     return SqliteSaver(sqlite3.connect(str(path), check_same_thread=False), serde=serde)
 
 
+def has_checkpoint(path: Path) -> bool:
+    """Whether the graph database at `path` holds a checkpoint of the loop's thread (a run to resume)."""
+    if not path.is_file():
+        return False
+    saver = checkpointer(path)
+    try:
+        return saver.get_tuple(THREAD) is not None
+    finally:
+        saver.conn.close()
+
+
 class RunSummary(BaseModel):
     run: str
     meta_policy: str

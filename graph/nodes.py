@@ -142,8 +142,7 @@ class Loop:
     def lineage(self) -> list[LineageEntry]:
         out = []
         for r in self.ws.harness.lineage():
-            verdict = self.ws.path / "reports" / f"verdict-{branch_dir(r.branch)}.json"
-            transform = json.loads(verdict.read_text()).get("transform") if verdict.is_file() else None
+            transform = (self.ws.verdict(r.branch) or {}).get("transform")
             out.append(LineageEntry(generation=r.generation, branch=r.branch, factor=r.factor, transform=transform,
                                     status=r.status, effect=r.effect, reason=r.reason))
         return out
@@ -295,8 +294,7 @@ class Loop:
             if cand.branch:
                 record = {**v.model_dump(), "intervention": cand.intervention.model_dump(),
                           "transform": cand.intervention.transform, "author": self.meta.label}
-                atomic_write_text(ws.path / "reports" / f"verdict-{branch_dir(cand.branch)}.json",
-                                  json.dumps(record, indent=2))
+                atomic_write_text(ws.verdict_path(cand.branch), json.dumps(record, indent=2))
             self.events.emit("decision", node="critique", generation=g, branch=v.branch, decision=v.decision,
                              reasons=v.reasons)
         revise = [c.branch for c in out if c.verdict.decision == "revise"] if self.cfg.loop.revise_diagnostics else []

@@ -9,7 +9,8 @@ import time
 import pytest
 import yaml
 
-from evotrainer.compare import STATIC, Cell, line_steps, static_harness, summarize
+from evotrainer.compare import STATIC, Cell, check_request, line_steps, static_harness, summarize
+from evotrainer.errors import UserError
 from evotrainer.trainer.harness import load_spec
 
 from .conftest import last_json, run_cli
@@ -46,18 +47,20 @@ def test_line_steps_sum_the_parents_back_to_the_warm_policy(tmp_path):
     assert line_steps(b, since=a) == 5 and line_steps(a, since=a) == 0  # from a trained starting checkpoint
 
 
-def _cell(arm, seed, correct, promotions=()):
+def _cell(arm, seed, correct, promotions=(), lineage=()):
     return Cell(arm=arm, seed=seed, checkpoint="c", main_steps=4, total_steps=8, cpu_seconds=1, wall_seconds=1,
                 test_accuracy=sum(correct) / len(correct), test_avg_at_k=0.5, item_ids=[str(i) for i in range(len(
-                    correct))], greedy_correct=correct, promotions=list(promotions))
+                    correct))], greedy_correct=correct, promotions=list(promotions), lineage=list(lineage))
 
 
 def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions():
     ref = [[True, False, True, False] * 25, [True, True, False, False] * 25]
     better = [[True, True, True, False] * 25, [True, True, True, False] * 25]
     fell = {"measured": True, "invalid": True}
+    lineage = [{"decision": "promote", "failed_gates": []}, {"decision": "reject", "failed_gates": ["leak_usage"]},
+               {"decision": "reject", "failed_gates": []}]
     cells = [_cell("reference", s, ref[s]) for s in (0, 1)] + \
-            [_cell("evotrainer", s, better[s], [fell] if s else []) for s in (0, 1)] + \
+            [_cell("evotrainer", s, better[s], [fell] if s else [], lineage) for s in (0, 1)] + \
             [_cell("zero_var", s, ref[s]) for s in (0, 1)]
     by = {s.arm: s for s in summarize(cells, ["evotrainer", "reference", "zero_var"])}
     assert by["reference"].vs_reference is None
@@ -66,6 +69,19 @@ def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions
     assert d == pytest.approx(0.25) and 0 < lo < d < hi
     assert by["evotrainer"].test_ci[0] < by["evotrainer"].test_accuracy < by["evotrainer"].test_ci[1]
     assert by["evotrainer"].invalid_promotions == 1 and by["evotrainer"].promotions == 1
+    assert by["evotrainer"].gate_rejections == 2 and by["zero_var"].gate_rejections == 0  # one per seed
+
+
+def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
+    request = {"domain": "math", "seeds": 3, "arms": ["evotrainer", "reference"], "budget": "default",
+               "checkpoint": None}
+    check_request(tmp_path, request)
+    check_request(tmp_path, {**request, "seeds": 5})  # more seeds extend the same comparison
+    assert json.loads((tmp_path / "request.json").read_text())["seeds"] == 5
+    with pytest.raises(UserError, match="other settings"):
+        check_request(tmp_path, {**request, "arms": ["reference"]})
+    with pytest.raises(UserError, match="other settings"):
+        check_request(tmp_path, {**request, "budget": "smoke"})
 
 
 @pytest.mark.parametrize("args,message", [

@@ -535,7 +535,8 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
         from evotrainer.trainer import jobs
 
         ev = jobs.evaluate(start, ws.config().domain, "dev", ws.path / "backtests" / f"g{generation}", k=0,
-                           limit=cfg.dev_items, seed=0, expected_fingerprint=ws.config().fingerprint)
+                           limit=cfg.dev_items, seed=ws.config().seed,  # the train node's key: its cached score
+                           expected_fingerprint=ws.config().fingerprint)
         base = np.array(ev.greedy_correct, dtype=float)
         d0, lo0, hi0, _ = paired_bootstrap(np.stack([results[("candidate", s)][1] - base for s in seeds]),
                                            cfg.bootstrap)

@@ -157,6 +157,17 @@ class RunWorkspace:
             raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
         atomic_write_text(self._champion_file, json.dumps({"checkpoint": str(checkpoint), "generation": generation}))
 
+    # -- the Critic's verdicts --------------------------------------------------------------------
+    def verdict_path(self, branch: str) -> Path:
+        from evotrainer.trainer.evidence import branch_dir
+
+        return self.path / "reports" / f"verdict-{branch_dir(branch)}.json"
+
+    def verdict(self, branch: str) -> dict | None:
+        """The Critic's recorded verdict on a candidate branch (None: not judged yet)."""
+        path = self.verdict_path(branch)
+        return json.loads(path.read_text()) if path.is_file() else None
+
     def snapshot(self, ref: str = "main") -> tuple[str, Path]:
         """The commit of `ref` and its files as a plain directory keyed by commit (`backtests/harness/<commit>`):
         training, replays and agents read snapshots, so worktrees may change or go meanwhile."""
