@@ -112,6 +112,8 @@ class Comparison(BaseModel):
     seeds: list[int]
     arms: list[str]
     start_checkpoint: str
+    start_accuracy: float | None = None  # the starting policy on the same test items: greedy, and avg@k (seed 0)
+    start_avg_at_k: float | None = None
     command: str
     wall_seconds: float
     summaries: list[ArmSummary]
@@ -299,8 +301,10 @@ class Compare:
                     "train_steps", LoopConfig().train_steps)
                 main = self.budget.generations * per_gen
             cells += [self.cell(arm, seed, main) for arm in self.arms if arm != "evotrainer"]
+        start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
         comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,
                                 seeds=self.seeds, arms=self.arms, start_checkpoint=str(self.start),
+                                start_accuracy=start.accuracy, start_avg_at_k=start.avg_at_k,
                                 command=self.command, wall_seconds=round(time.time() - started, 1),
                                 summaries=summarize(cells, self.arms), cells=cells)
         write_report(comparison, self.out)
@@ -340,6 +344,25 @@ def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
     return out
 
 
+def headline(c: Comparison) -> str:
+    """The answer the comparison exists for: EvoTrainer against the reference at equal main-line steps, and the
+    compute it spent to get there."""
+    by = {s.arm: s for s in c.summaries}
+    evo, ref = by.get("evotrainer"), by.get("reference")
+    if evo is None or ref is None or evo.vs_reference is None:
+        return ""
+    d, lo, hi = evo.vs_reference
+    verdict = "beats" if lo > 0 else "scores below" if hi < 0 else "is not distinguishable from"
+    items = len(c.cells[0].item_ids)
+    return (f"**EvoTrainer {verdict} the reference at equal main-line steps** ({evo.main_steps:.0f} GRPO steps a "
+            f"seed on average): sealed test greedy {evo.test_accuracy:.3f} against {ref.test_accuracy:.3f}, paired "
+            f"difference {d:+.3f} (95% interval [{lo:+.3f}, {hi:+.3f}], {len(evo.seeds)} seeds x {items} items). "
+            f"It spent {evo.total_steps / max(ref.total_steps, 1):.1f}x the reference's GRPO steps "
+            f"({evo.total_steps:.0f} against {ref.total_steps:.0f} a seed, short-run arms included) and "
+            f"{evo.cpu_seconds / max(ref.cpu_seconds, 1):.1f}x its CPU seconds ({evo.cpu_seconds / 60:.0f} against "
+            f"{ref.cpu_seconds / 60:.0f} CPU minutes a seed).")
+
+
 def markdown(c: Comparison) -> str:
     k = c.budget.k
     lines = [f"# EvoTrainer against static recipes: {c.domain}", "",
@@ -348,17 +371,30 @@ def markdown(c: Comparison) -> str:
              f"{c.budget.generations}, candidates: {c.budget.candidates} per loop arm); every arm starts from "
              f"{Path(c.start_checkpoint).name}. Sealed test: "
              f"{len(c.cells[0].item_ids) if c.cells else 0} items, greedy and avg@{k}. Intervals: 95%, two-level "
-             "bootstrap over seeds and items (avg@k: over seeds).", "",
-             f"| arm | test greedy | avg@{k} | vs reference (paired) | main-line steps | all steps | CPU s | "
+             "bootstrap over seeds and items (avg@k: over seeds); ± is the interval's half-width.", ""]
+    if headline(c):
+        lines += [headline(c), ""]
+    if c.start_accuracy is not None:
+        lines += [f"The starting policy scores {c.start_accuracy:.3f} greedy"
+                  + (f", {c.start_avg_at_k:.3f} avg@{k}" if k and c.start_avg_at_k is not None else "")
+                  + " on the same items.", ""]
+    lines += [f"| arm | test greedy | avg@{k} | vs reference (paired) | main-line steps | all steps | CPU s | "
              "promoted | gate-rejected | invalid |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in c.summaries:
         vs = "-" if s.vs_reference is None else \
             f"{s.vs_reference[0]:+.3f} [{s.vs_reference[1]:+.3f}, {s.vs_reference[2]:+.3f}]"
-        lines.append(f"| {s.arm} | {s.test_accuracy:.3f} [{s.test_ci[0]:.3f}, {s.test_ci[1]:.3f}] | "
+        lines.append(f"| {s.arm} | {s.test_accuracy:.3f} ±{(s.test_ci[1] - s.test_ci[0]) / 2:.3f} "
+                     f"[{s.test_ci[0]:.3f}, {s.test_ci[1]:.3f}] | "
                      f"{s.avg_at_k:.3f} [{s.avg_at_k_ci[0]:.3f}, {s.avg_at_k_ci[1]:.3f}] | {vs} | "
                      f"{s.main_steps:.0f} | {s.total_steps:.0f} | {s.cpu_seconds:.0f} | {s.promotions} | "
                      f"{s.gate_rejections} | {s.invalid_promotions} |")
+    lines += ["", "Per seed (sealed test greedy):", "", "| arm | " + " | ".join(f"seed {s}" for s in c.seeds) + " |",
+              "|---|" + "---|" * len(c.seeds)]
+    by = {(x.arm, x.seed): x for x in c.cells}
+    for s in c.summaries:
+        lines.append(f"| {s.arm} | " + " | ".join(f"{by[(s.arm, seed)].test_accuracy:.3f}" if (s.arm, seed) in by
+                                                  else "-" for seed in c.seeds) + " |")
     promos = [(cell.arm, cell.seed, p) for cell in c.cells for p in cell.promotions]
     if promos:
         lines += ["", "Promotions and their effect on the sealed test (the policy handed on minus the champion it "
@@ -392,6 +428,8 @@ def plot(c: Comparison, out: Path) -> list[Path]:
             err = [[s.test_accuracy - s.test_ci[0]], [s.test_ci[1] - s.test_accuracy]]
             ax.errorbar([x], [s.test_accuracy], yerr=err, fmt="o" if s.arm in STATIC else "s",
                         color=COLORS.get(s.arm, "black"), capsize=4, label=s.arm)
+        if c.start_accuracy is not None:
+            ax.axhline(c.start_accuracy, color="black", ls="--", lw=0.8, label="starting policy")
         ax.set_xlabel(label)
         ax.set_ylabel("sealed test accuracy (greedy)")
         lo, hi = ax.get_ylim()

@@ -9,7 +9,17 @@ import time
 import pytest
 import yaml
 
-from evotrainer.compare import STATIC, Cell, check_request, line_steps, static_harness, summarize
+from evotrainer.compare import (
+    BUDGETS,
+    STATIC,
+    Cell,
+    Comparison,
+    check_request,
+    line_steps,
+    markdown,
+    static_harness,
+    summarize,
+)
 from evotrainer.errors import UserError
 from evotrainer.trainer.harness import load_spec
 
@@ -56,7 +66,8 @@ def _cell(arm, seed, correct, promotions=(), lineage=()):
 def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions():
     ref = [[True, False, True, False] * 25, [True, True, False, False] * 25]
     better = [[True, True, True, False] * 25, [True, True, True, False] * 25]
-    fell = {"measured": True, "invalid": True}
+    fell = {"measured": True, "invalid": True, "generation": 1, "branch": "cand/g1-x", "test_before": 0.8,
+            "test_after": 0.7, "delta": -0.1, "ci": [-0.15, -0.05]}
     lineage = [{"decision": "promote", "failed_gates": []}, {"decision": "reject", "failed_gates": ["leak_usage"]},
                {"decision": "reject", "failed_gates": []}]
     cells = [_cell("reference", s, ref[s]) for s in (0, 1)] + \
@@ -70,6 +81,20 @@ def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions
     assert by["evotrainer"].test_ci[0] < by["evotrainer"].test_accuracy < by["evotrainer"].test_ci[1]
     assert by["evotrainer"].invalid_promotions == 1 and by["evotrainer"].promotions == 1
     assert by["evotrainer"].gate_rejections == 2 and by["zero_var"].gate_rejections == 0  # one per seed
+    c = Comparison(domain="math", budget=BUDGETS["smoke"], budget_name="smoke", seeds=[0, 1],
+                   arms=["evotrainer", "reference", "zero_var"], start_checkpoint="/w/warm", start_accuracy=0.4,
+                   start_avg_at_k=0.3, command="evotrainer compare", wall_seconds=1,
+                   summaries=list(by.values()), cells=cells)
+    md = markdown(c)
+    assert "- evotrainer s1 g1 `cand/g1-x`: 0.800 -> 0.700, -0.100 [-0.150, -0.050] **invalid**" in md
+    assert "**EvoTrainer beats the reference at equal main-line steps**" in md and "+0.250" in md
+    assert "The starting policy scores 0.400 greedy, 0.300 avg@2" in md
+    half = (by["zero_var"].test_ci[1] - by["zero_var"].test_ci[0]) / 2
+    assert f"| zero_var | 0.500 ±{half:.3f} [" in md and "| +0.000 [+0.000, +0.000] |" in md
+    assert "| evotrainer | 0.750 | 0.750 |" in md  # the per-seed table
+    even = c.model_copy(update={"summaries": [by["zero_var"].model_copy(update={"arm": "evotrainer"}),
+                                              by["reference"]]})
+    assert "**EvoTrainer is not distinguishable from the reference" in markdown(even)
 
 
 def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
@@ -118,6 +143,8 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     assert summaries["evotrainer"]["vs_reference"] is not None
     md = (out / "results.md").read_text()
     assert "| evotrainer |" in md and "| reference |" in md and "evotrainer compare" in md
+    assert "the reference at equal main-line steps**" in md and "The starting policy scores" in md
+    assert report["start_accuracy"] is not None
     for png in ("accuracy_vs_compute.png", "lineage.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the same command again: every cell is on disk, nothing trains again
