@@ -420,14 +420,17 @@ def plot(c: Comparison, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = [out / "accuracy_vs_compute.png", out / "lineage.png"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.8]})
+    n = len(c.summaries)
     for ax, field, label in ((axes[0], "total_steps", "GRPO steps per seed (backtests included)"),
                              (axes[1], "cpu_seconds", "CPU seconds per seed")):
-        for s in c.summaries:
-            x = getattr(s, field)
+        xs = [getattr(s, field) for s in c.summaries]
+        dodge = 0.008 * (max(xs) - min(xs) or max(xs) or 1)  # arms at the same compute side by side, not hidden
+        for i, s in enumerate(c.summaries):
             err = [[s.test_accuracy - s.test_ci[0]], [s.test_ci[1] - s.test_accuracy]]
-            ax.errorbar([x], [s.test_accuracy], yerr=err, fmt="o" if s.arm in STATIC else "s",
-                        color=COLORS.get(s.arm, "black"), capsize=4, label=s.arm)
+            ax.errorbar([xs[i] + (i - (n - 1) / 2) * dodge], [s.test_accuracy], yerr=err,
+                        fmt="o" if s.arm in STATIC else "s", color=COLORS.get(s.arm, "black"), capsize=4,
+                        label=s.arm)
         if c.start_accuracy is not None:
             ax.axhline(c.start_accuracy, color="black", ls="--", lw=0.8, label="starting policy")
         ax.set_xlabel(label)
@@ -436,6 +439,23 @@ def plot(c: Comparison, out: Path) -> list[Path]:
         ax.set_ylim(min(lo, lo / 2 + hi / 2 - 0.02), max(hi, lo / 2 + hi / 2 + 0.02))  # never a sub-point scale
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8, loc="best")
+    axes[0].set_title("accuracy against GRPO steps", fontsize=10)
+    axes[1].set_title("accuracy against CPU time", fontsize=10)
+    # the question itself: each arm minus the reference on the same seeds and items
+    paired = [s for s in c.summaries if s.vs_reference is not None]
+    ax = axes[2]
+    for i, s in enumerate(paired):
+        d, lo, hi = s.vs_reference
+        ax.errorbar([d], [i], xerr=[[d - lo], [hi - d]], fmt="o" if s.arm in STATIC else "s",
+                    color=COLORS.get(s.arm, "black"), capsize=4)
+    ax.axvline(0, color="#444444", lw=1)
+    ax.set_yticks(range(len(paired)), [s.arm for s in paired])
+    ax.set_ylim(len(paired) - 0.5, -0.5)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(min(lo, -0.02), max(hi, 0.02))
+    ax.set_xlabel("minus the reference, sealed test greedy (paired)")
+    ax.set_title("difference to the reference at equal main-line steps", fontsize=10)
+    ax.grid(alpha=0.3)
     fig.suptitle(f"{c.domain}: sealed test accuracy against training compute "
                  f"(mean and 95% interval over {len(c.seeds)} seed{'s' if len(c.seeds) > 1 else ''})")
     fig.tight_layout()
