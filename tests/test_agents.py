@@ -238,3 +238,39 @@ def test_a_leak_gate_puts_closing_the_leak_first():
     assert first.transform == "close_leak" and first.factor == "env.tools"
     healthy = OfflinePolicy().plan(inp.model_copy(update={"findings": []}))
     assert "close_leak" not in [iv.transform for iv in healthy.interventions]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_loop_switches_cut_memory_and_revision(on, tmp_path):
+    """The compare ablations. `skill_memory` off: the Planner reads no skill and distill writes none;
+    `revise_diagnostics` off: a verdict asking for a diagnostics revision does not send the loop to revise."""
+    from evotrainer.graph.events import EventLog
+    from evotrainer.graph.nodes import Loop
+    from evotrainer.graph.state import CandidateState, LoopState
+    from evotrainer.workspaces.run import LoopConfig, RunWorkspace
+
+    ws = RunWorkspace.create(tmp_path / "run", "math", loop=LoopConfig(skill_memory=on, revise_diagnostics=on))
+    policy, store = OfflinePolicy(), SkillStore(tmp_path / "skills", "hashing")
+    diag = Diagnosis(generation=1, summary="; ".join(f.message for f in SICK[:3]))
+    ranked = policy.plan(PlanInput(generation=1, domain="math", k=20, diagnosis=diag, findings=SICK, files=TEMPLATE))
+    last = ranked.interventions[-1].transform  # far from the top without memory
+    distill(store, policy._intervention(1, CATALOG[last], apply(last, TEMPLATE, SICK), []),
+            Verdict(branch="cand/g0-p", decision="promote", effect=0.04, ci_low=0.01, ci_high=0.07), "math",
+            findings=SICK, diagnosis=diag.summary, run="earlier", commit=last)
+    loop = Loop(ws, policy, store, EventLog(ws.path / "events.jsonl"))
+    plan = loop.plan(LoopState(findings=SICK, diagnosis=diag))["plan"]
+    sources = [s for iv in plan.interventions for s in iv.sources]
+    if on:
+        assert plan.interventions[0].transform == last and any(s.startswith("sk-") for s in sources)
+    else:
+        assert last not in [iv.transform for iv in plan.interventions] and not any(s.startswith("sk-") for s in sources)
+    path = tmp_path / "backtest.json"
+    path.write_text(_backtest(-0.01, -0.03, 0.01, reward_delta=0.2, branch="cand/g1-a").model_dump_json())
+    cand = CandidateState(intervention=plan.interventions[1], branch="cand/g1-a", backtest=str(path))  # not `last`
+    judged = loop.critique(LoopState(findings=SICK, diagnosis=diag, candidates=[cand]))
+    assert judged["candidates"][0].verdict.decision == "revise"
+    assert judged["revise"] == (["cand/g1-a"] if on else [])
+    assert ws.verdict("cand/g1-a")["decision"] == "revise"
+    before = len(store)
+    loop.distill(LoopState(findings=SICK, diagnosis=diag, candidates=judged["candidates"]))
+    assert len(store) == before + (1 if on else 0)
