@@ -85,6 +85,8 @@ class Cell(BaseModel):
     test_avg_at_k: float
     item_ids: list[str]
     greedy_correct: list[bool]
+    k: int = 0  # samples per item for avg@k
+    sampled_correct: list[int] = []  # per item: how many of the k samples were correct
     promotions: list[dict] = []  # loop arms: branch, generation, test delta against the champion it replaced
     lineage: list[dict] = []  # loop arms: every candidate with its generation, decision, dev effect, gates
 
@@ -184,7 +186,15 @@ class Compare:
     def cell(self, arm: str, seed: int, main_steps: int) -> Cell:
         path = self.cell_path(arm, seed)
         if path.is_file():
-            return Cell.model_validate_json(path.read_text())
+            cell = Cell.model_validate_json(path.read_text())
+            if self.budget.k and not cell.sampled_correct:  # written before per-item samples were kept
+                ev = self._test(Path(cell.checkpoint), seed, path.parent)  # the cached evaluation, read again
+                if ev.item_ids != cell.item_ids:
+                    raise UserError(f"{path} and the evaluation cached beside {cell.checkpoint} score different "
+                                    "items: remove the cell to compute it again")
+                cell = cell.model_copy(update={"k": ev.k, "sampled_correct": ev.sampled_correct})
+                atomic_write_text(path, cell.model_dump_json(indent=1))
+            return cell
         self.status(f"{arm} seed {seed}")
         started, cpu = time.time(), _cpu()
         cell = self._loop(arm, seed) if arm in LOOPS else self._static(arm, seed, main_steps)
@@ -216,7 +226,8 @@ class Compare:
         ev = self._test(ckpt, seed, work)
         return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
                     total_steps=steps, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
-                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct)
+                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
+                    sampled_correct=ev.sampled_correct)
 
     def _loop(self, arm: str, seed: int) -> Cell:
         from evotrainer.agents.offline.policy import OfflinePolicy
@@ -248,8 +259,8 @@ class Compare:
                 promotions.append(self._promotion(ws, h, seed))
         return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
                     total_steps=summary.steps_used, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
-                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct,
-                    promotions=promotions, lineage=lineage)
+                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
+                    sampled_correct=ev.sampled_correct, promotions=promotions, lineage=lineage)
 
     @staticmethod
     def _lineage(ws) -> list[dict]:
@@ -312,8 +323,8 @@ class Compare:
 
 
 def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
-    """Per arm: the mean over seeds with a two-level bootstrap interval (seeds, then items), and the paired
-    difference to the reference on the same seeds and items."""
+    """Per arm: greedy accuracy and avg@k, each the mean over seeds with a two-level bootstrap interval (seeds, then
+    items), and the paired difference to the reference on the same seeds and items."""
     from evotrainer.trainer.backtest import paired_bootstrap
 
     by = {(c.arm, c.seed): c for c in cells}
@@ -324,8 +335,11 @@ def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
             continue
         greedy = np.array([c.greedy_correct for c in mine], dtype=float)
         acc, lo, hi, _ = paired_bootstrap(greedy, 1000)
-        k_vals = np.array([c.test_avg_at_k for c in mine])
-        k_half = 1.96 * k_vals.std(ddof=1) / np.sqrt(len(k_vals)) if len(k_vals) > 1 else 0.0
+        if all(c.k and len(c.sampled_correct) == len(c.item_ids) for c in mine):
+            samples = np.array([np.array(c.sampled_correct, dtype=float) / c.k for c in mine])
+            avg_k, k_lo, k_hi, _ = paired_bootstrap(samples, 1000)
+        else:  # no samples drawn (k = 0)
+            avg_k = k_lo = k_hi = float(np.mean([c.test_avg_at_k for c in mine]))
         vs = None
         ref = [by.get(("reference", c.seed)) for c in mine]
         if arm != "reference" and all(ref) and all(r.item_ids == c.item_ids for r, c in zip(ref, mine)):
@@ -334,7 +348,7 @@ def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
         promos = [p for c in mine for p in c.promotions]
         out.append(ArmSummary(
             arm=arm, seeds=[c.seed for c in mine], test_accuracy=acc, test_ci=(lo, hi),
-            avg_at_k=float(k_vals.mean()), avg_at_k_ci=(float(k_vals.mean() - k_half), float(k_vals.mean() + k_half)),
+            avg_at_k=avg_k, avg_at_k_ci=(k_lo, k_hi),
             vs_reference=vs, main_steps=float(np.mean([c.main_steps for c in mine])),
             total_steps=float(np.mean([c.total_steps for c in mine])),
             cpu_seconds=float(np.mean([c.cpu_seconds for c in mine])), promotions=len(promos),
@@ -371,7 +385,7 @@ def markdown(c: Comparison) -> str:
              f"{c.budget.generations}, candidates: {c.budget.candidates} per loop arm); every arm starts from "
              f"{Path(c.start_checkpoint).name}. Sealed test: "
              f"{len(c.cells[0].item_ids) if c.cells else 0} items, greedy and avg@{k}. Intervals: 95%, two-level "
-             "bootstrap over seeds and items (avg@k: over seeds); ± is the interval's half-width.", ""]
+             "bootstrap over seeds and items; ± is the interval's half-width.", ""]
     if headline(c):
         lines += [headline(c), ""]
     if c.start_accuracy is not None:

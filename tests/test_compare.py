@@ -58,9 +58,11 @@ def test_line_steps_sum_the_parents_back_to_the_warm_policy(tmp_path):
 
 
 def _cell(arm, seed, correct, promotions=(), lineage=()):
+    sampled = [2 * c for c in correct]  # k = 4: two of four samples right where greedy is right
     return Cell(arm=arm, seed=seed, checkpoint="c", main_steps=4, total_steps=8, cpu_seconds=1, wall_seconds=1,
-                test_accuracy=sum(correct) / len(correct), test_avg_at_k=0.5, item_ids=[str(i) for i in range(len(
-                    correct))], greedy_correct=correct, promotions=list(promotions), lineage=list(lineage))
+                test_accuracy=sum(correct) / len(correct), test_avg_at_k=sum(sampled) / 4 / len(correct),
+                item_ids=[str(i) for i in range(len(correct))], greedy_correct=correct, k=4, sampled_correct=sampled,
+                promotions=list(promotions), lineage=list(lineage))
 
 
 def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions():
@@ -79,6 +81,9 @@ def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions
     d, lo, hi = by["evotrainer"].vs_reference
     assert d == pytest.approx(0.25) and 0 < lo < d < hi
     assert by["evotrainer"].test_ci[0] < by["evotrainer"].test_accuracy < by["evotrainer"].test_ci[1]
+    # avg@k from the per-item samples, its interval from the same two-level bootstrap (items vary within a seed)
+    assert by["evotrainer"].avg_at_k == pytest.approx(0.375)
+    assert by["evotrainer"].avg_at_k_ci[0] < 0.375 < by["evotrainer"].avg_at_k_ci[1]
     assert by["evotrainer"].invalid_promotions == 1 and by["evotrainer"].promotions == 1
     assert by["evotrainer"].gate_rejections == 2 and by["zero_var"].gate_rejections == 0  # one per seed
     c = Comparison(domain="math", budget=BUDGETS["smoke"], budget_name="smoke", seeds=[0, 1],
@@ -147,10 +152,15 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     assert report["start_accuracy"] is not None
     for png in ("accuracy_vs_compute.png", "lineage.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # the same command again: every cell is on disk, nothing trains again
+    assert len(ref["sampled_correct"]) == 60 and ref["k"] == 2
+    # the same command again: every cell is on disk, nothing trains again; a cell written before per-item samples
+    # were kept is completed from the evaluation cached beside its checkpoint
+    old = out / "cells" / "reference-s0.json"
+    old.write_text(json.dumps({k: v for k, v in ref.items() if k not in ("k", "sampled_correct")}))
     started = time.time()
     again = run_cli(*args)
     assert again.returncode == 0 and time.time() - started < 60
     assert last_json(again.stdout) == last_json(res.stdout)
+    assert json.loads(old.read_text())["sampled_correct"] == ref["sampled_correct"]
     other = run_cli(*[a if a != "reference,evotrainer,replay_only" else "reference" for a in args])
     assert other.returncode == 2 and "holds a comparison with other settings" in other.stderr
