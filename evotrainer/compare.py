@@ -65,6 +65,12 @@ class Budget(BaseModel):
     test_items: int | None = Field(None, ge=1, description="sealed test items (None: the whole split)")
     k: int = Field(4, ge=0, description="samples per test item for avg@k")
 
+    def loop_overrides(self) -> dict:
+        """The `LoopConfig` settings this budget fixes (the rest: the loop's defaults for the domain)."""
+        return {k: v for k, v in dict(train_steps=self.train_steps, backtest_steps=self.backtest_steps,
+                                      seeds=self.short_seeds, max_seeds=self.max_seeds,
+                                      dev_items=self.dev_items).items() if v is not None}
+
 
 BUDGETS = {
     "default": Budget(),
@@ -231,7 +237,7 @@ class Compare:
 
     def _loop(self, arm: str, seed: int) -> Cell:
         from evotrainer.agents.offline.policy import OfflinePolicy
-        from evotrainer.graph.build import drive, has_checkpoint, open_run
+        from evotrainer.graph.build import drive, open_run
         from evotrainer.workspaces.run import RunWorkspace
 
         b = self.budget
@@ -239,15 +245,12 @@ class Compare:
         if (run_dir / "run.yaml").is_file():
             ws = RunWorkspace.open(run_dir)
         else:
-            overrides = {k: v for k, v in dict(train_steps=b.train_steps, backtest_steps=b.backtest_steps,
-                                               seeds=b.short_seeds, max_seeds=b.max_seeds,
-                                               dev_items=b.dev_items).items() if v is not None}
             # every run its own skill memory: seeds stay independent, and no arm learns from another
             ws = open_run(run_dir, domain=self.domain, budget={"generations": b.generations,
                                                                "candidates": b.candidates},
                           meta_llm="offline", api_base=None, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
-                          checkpoint=str(self.start), seed=seed, loop_overrides={**overrides, **LOOPS[arm]})
-        summary = drive(ws, OfflinePolicy(), fresh=not has_checkpoint(run_dir / "graph.sqlite"))
+                          checkpoint=str(self.start), seed=seed, loop_overrides={**b.loop_overrides(), **LOOPS[arm]})
+        summary = drive(ws, OfflinePolicy(), fresh=None)  # a run interrupted earlier resumes
         if not summary.finished:
             raise UserError(f"the {arm} run of seed {seed} stopped before its end ({summary.stop_reason}): rerun the "
                             "same compare command to resume it")
@@ -305,12 +308,9 @@ class Compare:
                 cells.append(evo)
                 main = evo.main_steps
             if main is None:  # no EvoTrainer arm: the champion line's length without promotions
-                from evotrainer.graph.build import LOOP_DEFAULTS
-                from evotrainer.workspaces.run import LoopConfig
+                from evotrainer.graph.build import loop_config
 
-                per_gen = self.budget.train_steps or LOOP_DEFAULTS.get(self.domain, {}).get(
-                    "train_steps", LoopConfig().train_steps)
-                main = self.budget.generations * per_gen
+                main = self.budget.generations * loop_config(self.domain, self.budget.loop_overrides()).train_steps
             cells += [self.cell(arm, seed, main) for arm in self.arms if arm != "evotrainer"]
         start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
         comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,

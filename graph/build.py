@@ -29,7 +29,7 @@ from evotrainer.graph.events import EventLog
 from evotrainer.graph.nodes import Loop
 from evotrainer.graph.state import SERIALIZED, LoopState
 from evotrainer.memory.store import SkillStore
-from evotrainer.workspaces.run import RunWorkspace
+from evotrainer.workspaces.run import LoopConfig, RunWorkspace
 
 THREAD = {"configurable": {"thread_id": "evotrainer"}}
 NODES = ("train", "diagnose", "plan", "implement", "backtest", "critique", "promote", "revise_diagnostics",
@@ -54,17 +54,6 @@ def build(loop: Loop, checkpointer) -> object:
 def checkpointer(path: Path) -> SqliteSaver:
     serde = JsonPlusSerializer(allowed_msgpack_modules=[*SERIALIZED, Bottleneck, ExpectedEffect])
     return SqliteSaver(sqlite3.connect(str(path), check_same_thread=False), serde=serde)
-
-
-def has_checkpoint(path: Path) -> bool:
-    """Whether the graph database at `path` holds a checkpoint of the loop's thread (a run to resume)."""
-    if not path.is_file():
-        return False
-    saver = checkpointer(path)
-    try:
-        return saver.get_tuple(THREAD) is not None
-    finally:
-        saver.conn.close()
 
 
 class RunSummary(BaseModel):
@@ -111,15 +100,15 @@ def summarize(ws: RunWorkspace, state: LoopState, meta_label: str, finished: boo
         history=[h.model_dump() for h in hist])
 
 
-def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
+def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None = None,
           status: Callable[[str], None] | None = None) -> RunSummary:
-    """Run the loop from its start (`fresh`) or from the last completed node, under the run's lock."""
+    """Run the loop from its start (`fresh`) or from the last completed node (`fresh=False`), under the run's lock;
+    `fresh=None` starts or resumes, whichever the run's graph checkpoint calls for."""
     cfg = ws.config()
     events = EventLog(ws.path / "events.jsonl")
     store = SkillStore(cfg.skills) if cfg.skills else SkillStore()
     with ws.lock():
         removed = ws.harness.prune_worktrees(ws.path / "worktrees")
-        events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed)
         if hasattr(meta, "attach"):  # a meta-LLM: transcripts in the run, every call's cost in the event log
             meta.attach(ws.path, lambda agent, record: events.emit(record.pop("kind", "call"), **record))
         loop = Loop(ws, meta, store, events, feed=feed, status=status)
@@ -128,10 +117,13 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
             graph = build(loop, saver)
             config = {**THREAD, "recursion_limit": 12 * cfg.budget.generations + 20}
             snapshot = graph.get_state(THREAD)
+            if fresh is None:
+                fresh = not snapshot.values
             if fresh and snapshot.values:
                 raise UserError(f"run {ws.path} has already started: continue it with `evotrainer resume {ws.path}`")
             if not fresh and not snapshot.values:
                 raise UserError(f"run {ws.path} has no checkpoint to resume from: start it with `evotrainer run`")
+            events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed)
             started = time.time()
             if fresh or snapshot.next:
                 graph.invoke(LoopState() if fresh else None, config, durability="sync")
@@ -154,6 +146,11 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool, feed: Callable | None = None,
 LOOP_DEFAULTS: dict[str, dict] = {"swe": {"train_steps": 12, "backtest_steps": 10, "dev_items": 200}}
 
 
+def loop_config(domain: str, overrides: dict | None = None) -> LoopConfig:
+    """The loop settings of a new run: the general defaults, the domain's (`LOOP_DEFAULTS`), then `overrides`."""
+    return LoopConfig(**{**LOOP_DEFAULTS.get(domain, {}), **(overrides or {})})
+
+
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
              skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None,
              llm_cost: list[float] | None = None) -> RunWorkspace:
@@ -164,4 +161,4 @@ def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_b
                                budget=budget,
                                meta_llm=meta_llm, api_base=api_base, skills=skills, llm_cost_per_mtok=llm_cost,
                                checkpoint=str(Path(checkpoint).resolve()) if checkpoint else None,
-                               loop={**LOOP_DEFAULTS.get(domain, {}), **(loop_overrides or {})})
+                               loop=loop_config(domain, loop_overrides))
