@@ -15,11 +15,14 @@ from pathlib import Path
 import pytest
 
 from evotrainer.agents.offline.catalog import CATALOG
+from evotrainer.agents.offline.policy import OfflinePolicy
 from evotrainer.agents.schemas import Intervention, Verdict
+from evotrainer.graph.build import drive
 from evotrainer.graph.events import EventLog
 from evotrainer.memory.distill import distill
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.diagnostics import Finding
+from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import last_json, run_cli
 
@@ -78,6 +81,10 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     done = run_cli("resume", str(run), "--json")
     assert done.returncode == 0 and last_json(done.stdout)["finished"]
     assert _ends(run) == ends
+    # `fresh=None` (compare's loop arms) reads the graph checkpoint: a started run is resumed, not refused or redone
+    resumed = drive(RunWorkspace.open(run), OfflinePolicy(), fresh=None)
+    assert resumed.finished and resumed.stop_reason == summary["stop_reason"] and _ends(run) == ends
+    assert [e["event"] for e in EventLog(run / "events.jsonl").read()].count("resume") == 2
 
     # a later run with the same store: a transform validated positive elsewhere comes first, and nothing the
     # store recorded as negative after the same findings is proposed again
