@@ -5,9 +5,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install demo test bench lint
+.PHONY: install sysdeps demo test bench lint
 
-install: $(STAMP)
+install: sysdeps $(STAMP)
+
+# bubblewrap isolates every child that runs harness code (DESIGN §5); without it such children are refused
+sysdeps:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || exit 1; \
+	  else echo "bubblewrap is missing: install it (Debian/Ubuntu: sudo apt-get install bubblewrap) and rerun make"; \
+	    exit 1; fi; }
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

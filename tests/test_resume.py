@@ -29,12 +29,11 @@ def test_killed_training_resumes_exactly(tiny_policy, tmp_path):
     jobs.train(ref, tmp_path / "ref")
 
     spec = _spec(tiny_policy, tmp_path / "killed")
-    spec_path = tmp_path / "killed-spec.json"
-    spec_path.write_text(spec.model_dump_json())
+    spec_path = jobs.prepare_training(spec, tmp_path / "killed").spec_path
     proc = subprocess.Popen([sys.executable, "-m", "evotrainer.trainer.grpo", str(spec_path)], cwd=spec.harness_dir,
                             env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    trl = tmp_path / "killed" / "trl"
+    trl = tmp_path / "killed" / "child" / "trl"
     deadline = time.time() + 300
     while not any((trl / f"checkpoint-{s}" / "trainer_state.json").exists() for s in (2, 4)):
         assert proc.poll() is None and time.time() < deadline, "training ended before it could be killed"

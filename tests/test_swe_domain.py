@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from evotrainer.trainer import episodes
-from evotrainer.trainer.domains import get_domain, grade_all, swe_env
-from evotrainer.trainer.domains.swe_env import EnvConfig, Episode
+from evotrainer.trainer import episodes, swe_env
+from evotrainer.trainer.domains import get_domain, grade_all
 from evotrainer.trainer.policy import build_tokenizer
+from evotrainer.trainer.swe_env import EnvConfig, Episode
 
 SWE = get_domain("swe")
 TOK = build_tokenizer()

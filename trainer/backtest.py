@@ -1,8 +1,11 @@
 """Backtests (DESIGN §7): evidence that a candidate harness deserves promotion, before it is promoted.
 
-Replay: the candidate's reward functions, group filters and analyzers applied to stored rollouts, in a
-sandboxed child whose working directory is the candidate's harness
-(`python -m evotrainer.trainer.backtest SPEC.json`). It reports the counterfactual reward distribution
+Replay: the candidate's reward functions, group filters and analyzers applied to stored rollouts, in an
+isolated child whose working directory is the candidate's harness
+(`python -m evotrainer.trainer.backtest SPEC.json`, `replay_scores`): the child returns only what the
+harness computes (rewards per rollout, the groups its filters keep, its own analyzers' findings); every
+statistic and gate is computed from them here, in the parent (`replay`), against the stored sealed grades
+the child cannot change. It reports the counterfactual reward distribution
 per component, zero-variance groups before and after (rescued by the new reward, dropped by the
 filters), the new reward's agreement with the sealed `correct` (correlation, AUC), the fraction of
 rollouts whose reward changed, and gate hits.
@@ -27,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from evotrainer.errors import UserError
 from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.evidence import read_rollouts, read_steps
 
 REPLAY_GATE = {"rewarded_incorrect": 0.02, "corr_drop": 0.10}
 
@@ -69,7 +73,20 @@ class ReplaySpec(BaseModel):
     generation: int | None = None
     branches: list[str] = Field(default_factory=lambda: ["main"])
     thresholds: dict[str, dict[str, float]] = Field(default_factory=dict)  # the champion's
+    sealed_columns: list[str] = Field(default_factory=list)  # the domain's own sealed evidence columns
     result_path: str
+
+
+class ReplayScores(BaseModel):
+    """What the replay child computed with the candidate's code: nothing else of a replay comes from it."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")  # NaN (a None reward) and inf survive the file
+
+    rollout_ids: list[str]
+    rewards: dict[str, list[float]]  # reward_<name> -> one value per rollout (NaN: the function returned None)
+    kept_groups: dict[str, bool] | None  # group id -> kept by the group filters (None: no group filters)
+    findings: list[Finding]  # the harness's own analyzers over the re-scored rollouts
+    findings_before: list[Finding] = []  # ... and over the rollouts as stored (what the champion's rewards paid)
 
 
 class ReplayResult(BaseModel):
@@ -149,14 +166,7 @@ def _call_reward(fn, batch: pd.DataFrame, tasks: list[dict]) -> list[float]:
     return [math.nan if v is None else float(v) for v in out]
 
 
-def replay(spec: ReplaySpec) -> ReplayResult:
-    """Apply the candidate harness to stored rollouts. Imports harness code: child processes only."""
-    from evotrainer.trainer.diagnostics import load_harness_analyzers, run_all
-    from evotrainer.trainer.domains import get_domain
-    from evotrainer.trainer.evidence import read_rollouts, read_steps
-    from evotrainer.trainer.harness import keep_groups, load_group_filters, load_reward_functions, load_spec
-
-    started = time.time()
+def _read_source(spec: ReplaySpec) -> pd.DataFrame:
     frames = [read_rollouts(spec.evidence_root, spec.generation, b).to_pandas() for b in spec.branches]
     df = pd.concat([f for f in frames if not f.empty] or [frames[0]], ignore_index=True)
     if df.empty:
@@ -165,11 +175,25 @@ def replay(spec: ReplaySpec) -> ReplayResult:
     if "task" not in df or df["task"].isna().any():
         raise UserError(f"rollouts under {spec.evidence_root} carry no task columns (written by an older "
                         "EvoTrainer): replay needs evidence from this version")
+    return df
+
+
+def _read_steps(spec: ReplaySpec) -> pd.DataFrame:
+    return pd.concat([read_steps(spec.evidence_root, spec.generation, b).to_pandas() for b in spec.branches],
+                     ignore_index=True)
+
+
+def replay_scores(spec: ReplaySpec) -> ReplayScores:
+    """The candidate's rewards, group-filter decisions and own analyzers on stored rollouts. Imports harness
+    code: isolated child only."""
+    from evotrainer.trainer.diagnostics import load_harness_analyzers, run_all
+    from evotrainer.trainer.harness import keep_groups, load_group_filters, load_reward_functions, load_spec
+
+    df = _read_source(spec)
     hspec = load_spec(spec.harness_dir)
-    sealed_evidence = getattr(get_domain(hspec.domain), "evidence_columns", ())  # the sealed scorer's own columns
     funcs = load_reward_functions(spec.harness_dir, hspec)
     group_filters = load_group_filters(spec.harness_dir, hspec)
-    load_harness_analyzers(spec.harness_dir)
+    own = load_harness_analyzers(spec.harness_dir)
 
     tasks = [json.loads(t) for t in df["task"]]
     names = [f"reward_{r.name}" for r in hspec.rewards]
@@ -180,39 +204,67 @@ def replay(spec: ReplaySpec) -> ReplayResult:
         batch = df.iloc[lo:hi]
         for j, fn in enumerate(funcs):
             new[lo:hi, j] = _call_reward(fn, batch, tasks[lo:hi])
-    if not np.isfinite(np.nan_to_num(new, nan=0.0)).all():
-        raise UserError("a candidate reward returned an infinite value during replay")
-    weights = np.array([r.weight for r in hspec.rewards])
-    total = np.nansum(new * weights, axis=1)  # TRL's aggregation: a None reward counts as absent
-
-    before = df.copy()
-    after = df.drop(columns=[c for c in df.columns if c.startswith("reward_")]).copy()
-    after["reward"] = total
-    for j, name in enumerate(names):
-        after[name] = new[:, j]
-
-    dead_before, dead_after = _dead(before, "reward"), _dead(after, "reward")
-    kept = pd.Series(True, index=dead_after.index)
+    after = _rescored(df, new, names, [r.weight for r in hspec.rewards])
+    kept = None
     if group_filters:
-        view = after.drop(columns=[c for c in ("correct", "formatted", *sealed_evidence) if c in after])
+        view = after.drop(columns=[c for c in ("correct", "formatted", *spec.sealed_columns) if c in after])
         view["task_columns"] = tasks
         records = [{**{k: v for k, v in r.items() if k != "task_columns"}, **r["task_columns"]}
                    for r in view.to_dict("records")]
-        order = after["group_id"].tolist()
         groups: dict[str, list[dict]] = {}
-        for gid, rec in zip(order, records):
+        for gid, rec in zip(after["group_id"].tolist(), records):
             groups.setdefault(gid, []).append(rec)
-        ids = list(groups)
-        kept = pd.Series(keep_groups(group_filters, [groups[g] for g in ids]), index=ids).reindex(dead_after.index)
+        kept = dict(zip(groups, keep_groups(group_filters, list(groups.values()))))
+    steps = _read_steps(spec)
+    findings = run_all(after, steps, spec.thresholds, only=own) if own else []
+    findings_before = run_all(df, steps, spec.thresholds, only=own) if own else []
+    return ReplayScores(rollout_ids=df["rollout_id"].tolist(), rewards={n: new[:, j].tolist()
+                                                                         for j, n in enumerate(names)},
+                        kept_groups=kept, findings=findings, findings_before=findings_before)
+
+
+def _rescored(df: pd.DataFrame, new: np.ndarray, names: list[str], weights: list[float]) -> pd.DataFrame:
+    """The stored rollouts with the candidate's reward components and TRL's weighted total."""
+    after = df.drop(columns=[c for c in df.columns if c.startswith("reward_")]).copy()
+    after["reward"] = np.nansum(new * np.array(weights), axis=1)  # TRL's aggregation: None counts as absent
+    for j, name in enumerate(names):
+        after[name] = new[:, j]
+    return after
+
+
+def replay(spec: ReplaySpec, scores: ReplayScores, seconds: float = 0.0) -> ReplayResult:
+    """Every statistic and gate of a replay, computed here from the stored (sealed-graded) rollouts and the child's
+    scores; the built-in analyzers run here too, so harness code cannot hide a gate."""
+    from evotrainer.trainer.diagnostics import run_all
+    from evotrainer.trainer.harness import load_spec
+
+    df = _read_source(spec)
+    if scores.rollout_ids != df["rollout_id"].tolist():
+        raise UserError("the replay child scored other rollouts than the stored ones: its result is refused")
+    hspec = load_spec(spec.harness_dir)  # YAML only: the weights and names of the candidate's rewards
+    names = [f"reward_{r.name}" for r in hspec.rewards]
+    if sorted(scores.rewards) != sorted(names) or any(len(v) != len(df) for v in scores.rewards.values()):
+        raise UserError("the replay child returned rewards that do not match the candidate's harness.yaml")
+    new = np.column_stack([np.asarray(scores.rewards[n], dtype=float) for n in names])
+    if not np.isfinite(np.nan_to_num(new, nan=0.0)).all():
+        raise UserError("a candidate reward returned an infinite value during replay")
+    before = df.copy()
+    after = _rescored(df, new, names, [r.weight for r in hspec.rewards])
+    total = after["reward"].to_numpy()
+
+    dead_before, dead_after = _dead(before, "reward"), _dead(after, "reward")
+    kept = pd.Series(True, index=dead_after.index)
+    if scores.kept_groups is not None:
+        kept = pd.Series(scores.kept_groups).reindex(dead_after.index).fillna(False).astype(bool)
         after.loc[~after["group_id"].map(kept).astype(bool), "loss_masked"] = True
 
-    steps = pd.concat([read_steps(spec.evidence_root, spec.generation, b).to_pandas() for b in spec.branches],
-                      ignore_index=True)
-    findings = run_all(after, steps, spec.thresholds)
+    steps = _read_steps(spec)
+    findings = run_all(after, steps, spec.thresholds) + list(scores.findings)
     # the stored rollouts are the champion's episodes: a gate they already fail under the champion's own rewards
     # (a behaviour the candidate's change has not had the chance to alter, like a leak an env.py edit closes) says
     # nothing about the candidate; the short run judges its own rollouts
-    inherited = sorted({f.analyzer for f in run_all(before, steps, spec.thresholds) if f.gate})
+    inherited = sorted({f.analyzer for f in run_all(before, steps, spec.thresholds) + list(scores.findings_before)
+                        if f.gate})
     agree_before = agreement(before["reward"].to_numpy(), before["correct"].to_numpy())
     agree_after = agreement(total, after["correct"].to_numpy())
     findings += _agreement_gate(agree_before, agree_after, after, spec.thresholds.get("replay_agreement", {}))
@@ -231,7 +283,7 @@ def replay(spec: ReplaySpec) -> ReplayResult:
         dead_ratio_before=float(dead_before.mean()),
         dead_ratio_after=float(dead_after[kept].mean()) if kept.any() else 0.0,
         findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate} - set(inherited)),
-        inherited_gates=inherited, seconds=round(time.time() - started, 3),
+        inherited_gates=inherited, seconds=round(seconds, 3),
     )
 
 
@@ -425,20 +477,37 @@ def _replay_source(evidence: Path, generation: int) -> tuple[int | None, list[st
 
 def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branches: list[str],
                thresholds: dict, work: Path, label: str) -> ReplayResult:
+    """Replay a candidate: its code scores the stored rollouts in an isolated child, the rest is computed here."""
+    import shutil
+
     from evotrainer.files import atomic_write_text
     from evotrainer.trainer import jobs
-    from evotrainer.trainer.sandbox import Limits
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.harness import load_spec
+    from evotrainer.trainer.sandbox import Isolation, Limits
 
+    started = time.time()
     stamp = uuid.uuid4().hex[:8]  # unique: several candidates may be replayed at once
+    out = work / "specs" / f"replay-{stamp}"
+    domain = get_domain(load_spec(harness_dir).domain)
     spec = ReplaySpec(harness_dir=str(harness_dir), evidence_root=str(evidence), generation=generation,
                       branches=branches, thresholds=thresholds,
-                      result_path=str(work / "specs" / f"replay-{stamp}.json"))
+                      sealed_columns=list(getattr(domain, "evidence_columns", ())),
+                      result_path=str(out / "scores.json"))
     spec_path = work / "specs" / f"replay-{stamp}.spec.json"
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(spec_path, spec.model_dump_json())
-    jobs.run_child("evotrainer.trainer.backtest", [str(spec_path)], cwd=harness_dir, log=work / "logs" / "replay.log",
-                   limits=Limits(timeout_s=600, memory_mb=8000), label=label)
-    return ReplayResult.model_validate_json(Path(spec.result_path).read_text())
+    try:
+        jobs.run_child("evotrainer.trainer.backtest", [str(spec_path)], cwd=harness_dir,
+                       log=work / "logs" / "replay.log", limits=Limits(timeout_s=600, memory_mb=8000), label=label,
+                       isolation=Isolation(read=[str(harness_dir), str(evidence), str(spec_path)], write=[str(out)]))
+        try:
+            scores = ReplayScores.model_validate_json(Path(spec.result_path).read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{label}: the replay child wrote no readable scores ({type(e).__name__})") from e
+        return replay(spec, scores, time.time() - started)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 _ARM_LOCKS: dict[str, threading.Lock] = {}
@@ -627,7 +696,7 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
 def main(argv: list[str]) -> int:
     """Child entry point: `python -m evotrainer.trainer.backtest SPEC.json` (cwd: the candidate's harness)."""
     spec = ReplaySpec.model_validate_json(Path(argv[0]).read_text())
-    Path(spec.result_path).write_text(replay(spec).model_dump_json())
+    Path(spec.result_path).write_text(replay_scores(spec).model_dump_json())
     return 0
 
 

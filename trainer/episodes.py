@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from evotrainer.trainer.domains import swe_env
-from evotrainer.trainer.domains.swe_env import EnvConfig, Episode
+from evotrainer.trainer import swe_env
+from evotrainer.trainer.swe_env import EnvConfig, Episode
 
 RESERVE = len("\n" + swe_env.END_CONTEXT) + 1  # room kept free to close an episode that hits the context limit
 

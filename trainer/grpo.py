@@ -1,13 +1,16 @@
 """GRPO backend: train a policy N steps with a harness, capturing one evidence row per rollout.
 
-This module runs as a child process (`python -m evotrainer.trainer.grpo SPEC.json`, started
-through `evotrainer.trainer.sandbox`): it is the only place where a harness's reward functions and
-filters are imported, with the harness directory as working directory.
+This module runs as an isolated child process (`python -m evotrainer.trainer.grpo SPEC.json`, started
+by `jobs.train` under bubblewrap): it is where a harness's reward functions and filters are imported,
+with the harness directory as working directory. It never sees the sealed side: the parent hands it the
+train-split rows (without sealed columns) in a file, and it writes everything it makes under
+`<out_dir>/child/` (`child_dir`), the one directory it may write. The parent then grades the raw evidence
+with the sealed scorer (`correct`, `formatted`, the domain's episode columns) and installs the checkpoint.
 
 Evidence capture is a small GRPOTrainer subclass (DESIGN §11): `_calculate_rewards` keeps the
 per-function rewards, `_generate_and_score_completions` turns the parent's output (completion ids,
-mask, advantages) plus the dataset columns into rows, grades each completion with the sealed
-scorer (`correct`), and adds the mean token log-probability under the sampling policy.
+mask, advantages) plus the dataset columns into rows and adds the mean token log-probability under the
+sampling policy.
 """
 
 from __future__ import annotations
@@ -45,6 +48,14 @@ class TrainSpec(BaseModel):
     evidence_tag: str = ""  # set when several runs of one branch share its evidence folder (backtest seeds)
     save_every: int = 25
     result_path: str
+    # set by the parent (jobs.train) for the child, never by callers
+    rows_path: str = ""  # the train-split rows, sealed columns removed
+    env: dict | None = None  # multi-turn domains: the sealed tool environment that env.py may narrow
+
+
+def child_dir(spec: TrainSpec) -> Path:
+    """The one directory a training child may write: TRL's resumable state, raw evidence, the final policy."""
+    return Path(spec.out_dir) / "child"
 
 
 def harness_commit(harness_dir: str | Path) -> str:
@@ -67,30 +78,29 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
     knobs = {"per_device_train_batch_size": 128, "num_generations": 8, "max_completion_length": 32,
              "learning_rate": 1e-4, **trainer_knobs}
     return GRPOConfig(
-        output_dir=str(Path(spec.out_dir) / "trl"), max_steps=spec.steps, seed=spec.seed, data_seed=spec.seed,
+        output_dir=str(child_dir(spec) / "trl"), max_steps=spec.steps, seed=spec.seed, data_seed=spec.seed,
         use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], logging_steps=1,
         save_strategy="steps", save_steps=spec.save_every, save_total_limit=1, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, reward_weights=reward_weights, **knobs,
     )
 
 
-def training_rows(spec: TrainSpec, args, domain, harness_filters: list) -> tuple[list[dict], dict[str, tuple]]:
-    """The dataset rows one training run sees (enough train tasks for `spec.steps`, then the harness's filters),
-    and the sealed side of each prompt id: (answer, fmt, prompt) as the domain wrote them. The sealed scorer
-    reads only the latter, so a filter that rewrites a row's answer cannot change what counts as correct."""
-    prompts_needed = spec.steps * args.generation_batch_size // args.num_generations
-    tasks = domain.tasks("train", max(prompts_needed, 1000), seed=spec.seed)
-    sealed = {t.id: (t.answer, t.fmt, t.prompt) for t in tasks}
-    rows = [t.row(getattr(domain, "sealed_columns", ())) for t in tasks]
+def training_rows(rows: list[dict], harness_filters: list) -> list[dict]:
+    """The dataset rows one training run sees: the parent's train rows after the harness's filters. A filter may
+    drop, reorder or repeat rows, never change or invent one (DESIGN §5)."""
+    known = {json.dumps(r, sort_keys=True) for r in rows}
     for f in harness_filters:
         rows = f(rows)
+        if not isinstance(rows, list):
+            raise ValueError(f"filter {f.__name__!r} returned {type(rows).__name__}, not a list of rows")
+        for r in rows:
+            if not isinstance(r, dict) or json.dumps(r, sort_keys=True, default=repr) not in known:
+                what = r.get("prompt_id") if isinstance(r, dict) else type(r).__name__
+                raise ValueError(f"filter {f.__name__!r} returned a row that is not an unmodified train row "
+                                 f"({what!r}): filters may drop, reorder or repeat tasks, never change or add one")
     if not rows:
         raise ValueError("the harness's filters removed every training prompt")
-    unknown = {r.get("prompt_id") for r in rows} - sealed.keys()
-    if unknown:
-        raise ValueError(f"the harness's filters produced rows whose prompt_id is not a task of the domain "
-                         f"(e.g. {sorted(map(str, unknown))[0]!r}): filters may drop or reorder tasks, not invent them")
-    return rows, sealed
+    return rows
 
 
 def make_trainer_class():
@@ -98,15 +108,12 @@ def make_trainer_class():
     import torch
     from trl import GRPOTrainer
 
-    from evotrainer.trainer.domains import grade_all
-
     class EvidenceGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer that records every rollout of every training step."""
+        """GRPOTrainer that records every rollout of every training step (ungraded: the parent grades)."""
 
-        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, domain, sealed: dict, group_filters=(),
-                     **kwargs):
+        def __init__(self, *args, evidence: EvidenceWriter, spec: TrainSpec, group_filters=(), **kwargs):
             super().__init__(*args, **kwargs)
-            self.evidence, self.spec, self.domain, self.sealed = evidence, spec, domain, sealed
+            self.evidence, self.spec = evidence, spec
             self.group_filters = list(group_filters)
             self._last_rewards = None
             self._awaiting_logps: list[dict] = []  # this generation's rows, until the loss computes their logps
@@ -195,8 +202,6 @@ def make_trainer_class():
             adv_l, total_l = adv.tolist(), total.tolist()
             comp_l = rewards.tolist()
             step, g, s = self.state.global_step + 1, self.num_generations, self.spec
-            answer, fmt, prompt = zip(*(self.sealed[x["prompt_id"]] for x in inputs))
-            grades = grade_all(self.domain, texts, list(answer), list(fmt), list(prompt))
             rows = []
             for i, x in enumerate(inputs):
                 group = f"{step}:{i // g}"
@@ -211,8 +216,8 @@ def make_trainer_class():
                     "task": json.dumps({k: v for k, v in x.items() if k not in ("prompt", "prompt_id")}),
                     "n_tokens": lengths[i], "truncated": truncated[i],
                     "reward": total_l[i], "advantage": adv_l[i], "loss_masked": masked[i],
-                    "correct": grades[i].correct, "formatted": grades[i].formatted,
-                    "mean_logprob": lp_l[i], **grades[i].columns,
+                    "correct": None, "formatted": None,  # sealed: filled in by the parent's grader
+                    "mean_logprob": lp_l[i],
                 }
                 for j, name in enumerate(self.reward_func_names):
                     row[f"reward_{name}"] = comp_l[i][j]
@@ -247,7 +252,6 @@ def train(spec: TrainSpec) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.harness import (
         load_env_config,
         load_filters,
@@ -259,15 +263,15 @@ def train(spec: TrainSpec) -> dict:
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
     started = time.time()
-    domain = get_domain(spec.domain)
+    out = child_dir(spec)
     hspec = load_spec(spec.harness_dir)
     reward_funcs = load_reward_functions(spec.harness_dir, hspec)
     model, tokenizer = load_policy(spec.checkpoint)
     model.train()
     args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
-    rows, sealed = training_rows(spec, args, domain, load_filters(spec.harness_dir, hspec))
+    rows = training_rows(json.loads(Path(spec.rows_path).read_text()), load_filters(spec.harness_dir, hspec))
 
-    evidence = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch, spec.evidence_tag)
+    evidence = EvidenceWriter(out / "evidence", spec.generation, spec.branch, spec.evidence_tag)
     trl_dir = Path(args.output_dir)
     done = sorted(trl_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     resume = str(done[-1]) if done else None
@@ -284,45 +288,40 @@ def train(spec: TrainSpec) -> dict:
                 progress(phase="train", step=state.global_step, total=spec.steps, reward=row.get("reward"))
 
     multi_turn = {}
-    if getattr(domain, "multi_turn", False):  # episodes in the harness's tool environment (env.py)
+    if spec.env is not None:  # episodes in the harness's tool environment (env.py)
+        from evotrainer.trainer.swe_env import EnvConfig
+
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, domain), args)
+        base = EnvConfig(**{**spec.env, "tools": tuple(spec.env["tools"])})
+        multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, base), args)
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
-                          domain=domain, sealed=sealed, group_filters=load_group_filters(spec.harness_dir, hspec),
+                          group_filters=load_group_filters(spec.harness_dir, hspec),
                           **multi_turn)
     trainer.train(resume_from_checkpoint=resume)
     evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
 
-    dest = Path(spec.checkpoints_dir) / spec.checkpoint_id
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
+    final = out / "final"
+    shutil.rmtree(final, ignore_errors=True)
+    trainer.save_model(str(final))
+    tokenizer.save_pretrained(str(final))
     logged = [h for h in trainer.state.log_history if "reward" in h]
-    meta = {
-        "id": spec.checkpoint_id, "parent": spec.checkpoint, "domain": spec.domain,
-        "harness": str(Path(spec.harness_dir).resolve()), "harness_commit": spec.harness_commit,
-        "steps": trainer.state.global_step, "seed": spec.seed, "generation": spec.generation, "branch": spec.branch,
-        "resumed_from": resume, "seconds": round(time.time() - started, 1),
+    shutil.rmtree(trl_dir, ignore_errors=True)  # resumable state is no longer needed
+    return {  # the parent (jobs.train) adds what it knows itself and writes the checkpoint's meta.json
+        "steps": trainer.state.global_step, "resumed_from": resume, "seconds": round(time.time() - started, 1),
         "metrics": {
             "train_reward_first": logged[0]["reward"] if logged else None,
             "train_reward_last": logged[-1]["reward"] if logged else None,
             "frac_zero_std_mean": sum(h.get("frac_reward_zero_std", 0) for h in logged) / max(len(logged), 1),
         },
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-    shutil.rmtree(trl_dir, ignore_errors=True)  # resumable state is no longer needed
-    return meta
 
 
 def main(argv: list[str]) -> int:
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
-    meta = train(spec)
-    Path(spec.result_path).write_text(json.dumps(meta))
+    result = train(spec)
+    (child_dir(spec) / "result.json").write_text(json.dumps(result))
     return 0
 
 

@@ -128,12 +128,11 @@ def load_group_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
     return out
 
 
-def load_env_config(harness_dir: str | Path, domain):
+def load_env_config(harness_dir: str | Path, base):
     """The tool environment a multi-turn harness trains in: `env.py`'s TOOLS, MAX_TURNS, MAX_CONTEXT and
-    MAX_ACTION_TOKENS over the domain's sealed defaults (absent names keep them). Child processes only."""
-    from evotrainer.trainer.domains.swe_env import EnvConfig
+    MAX_ACTION_TOKENS over `base`, the domain's sealed environment (absent names keep it). Child processes only."""
+    from evotrainer.trainer.swe_env import EnvConfig
 
-    base = domain.sealed_env
     path = Path(harness_dir) / "env.py"
     if not path.is_file():
         return base
@@ -168,12 +167,10 @@ def keep_groups(group_filters: list, groups: list[list[dict]]) -> list[bool]:
     return keep
 
 
-def sample_batch(domain_name: str, n: int = 12) -> dict:
+def sample_batch(domain, n: int = 12) -> dict:
     """A small real batch for checking reward functions: right, wrong, empty and unparsable completions (for a
-    multi-turn domain: solved, wrongly fixed, submitted at once, and garbled episodes)."""
-    from evotrainer.trainer.domains import get_domain
-
-    domain = get_domain(domain_name)
+    multi-turn domain: solved, wrongly fixed, submitted at once, and garbled episodes). Parent side: it reads
+    the domain; the validation child receives it as data."""
     tasks = domain.tasks("train", n // 4, seed=0)
     if getattr(domain, "multi_turn", False):
         from evotrainer.trainer.episodes import sample_episodes
@@ -189,8 +186,9 @@ def sample_batch(domain_name: str, n: int = 12) -> dict:
     return batch
 
 
-def check_harness(harness_dir: str | Path) -> list[str]:
-    """Everything wrong with a harness, one line each (empty: valid). Imports harness code: child only."""
+def check_harness(harness_dir: str | Path, batch: dict, env: dict | None = None) -> list[str]:
+    """Everything wrong with a harness, one line each (empty: valid), found by calling its code on `batch` (see
+    `sample_batch`); `env` is the domain's sealed tool environment for multi-turn domains. Child only."""
     import math
 
     try:
@@ -198,14 +196,11 @@ def check_harness(harness_dir: str | Path) -> list[str]:
     except UserError as e:
         return [str(e)]
     problems: list[str] = []
-    from evotrainer.trainer.domains import get_domain
-    from evotrainer.trainer.evaluate import check_sealed
-
     try:
-        domain = get_domain(spec.domain)
-        check_sealed(domain)  # the sealed side must be intact before anything is judged
-        if getattr(domain, "multi_turn", False):
-            load_env_config(harness_dir, domain)
+        if env is not None:
+            from evotrainer.trainer.swe_env import EnvConfig
+
+            load_env_config(harness_dir, EnvConfig(**{**env, "tools": tuple(env["tools"])}))
         funcs = load_reward_functions(harness_dir, spec)
         load_filters(harness_dir, spec)
         group_filters = load_group_filters(harness_dir, spec)
@@ -216,7 +211,6 @@ def check_harness(harness_dir: str | Path) -> list[str]:
         return [str(e)]
     except Exception as e:  # an import that fails is the harness's problem, reported in one line
         return [f"harness code failed to import: {type(e).__name__}: {e}"]
-    batch = sample_batch(spec.domain)
     n = len(batch["completions"])
     # the call TRL makes: prompts and completions by name, every other dataset column as a keyword
     columns = {k: v for k, v in batch.items() if k not in ("completions", "prompt")}
@@ -248,11 +242,14 @@ def check_harness(harness_dir: str | Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """Child entry point: `python -m evotrainer.trainer.harness HARNESS_DIR RESULT.json`."""
+    """Child entry point: `python -m evotrainer.trainer.harness HARNESS_DIR BATCH.json RESULT.json`."""
     import json
 
-    problems = check_harness(argv[0])
-    Path(argv[1]).write_text(json.dumps({"problems": problems}))
+    from evotrainer.files import atomic_write_text
+
+    data = json.loads(Path(argv[1]).read_text())
+    problems = check_harness(argv[0], data["batch"], data.get("env"))
+    atomic_write_text(argv[2], json.dumps({"problems": problems}))  # whole: forks of harness code may write too
     return 0
 
 

@@ -1,23 +1,29 @@
-"""Parent-side launchers: warm-up, training and sealed evaluation, each in its own child process.
+"""Parent-side launchers: warm-up, training, validation and sealed evaluation, each in its own child process.
 
 The orchestrator (CLI, graph) never imports torch, TRL or harness code; it calls these functions,
 which write a spec, start the child through `sandbox.run_module`, and read back a typed result.
+Children that run harness code (training, validation) start isolated (`sandbox.Isolation`): the parent
+hands them what they may see as files, and everything sealed is done here, after they end: the training
+child's rollouts are graded by the sealed scorer in this process, its policy is installed by this process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 from evotrainer.errors import UserError
 from evotrainer.files import atomic_write_text
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
-from evotrainer.trainer.grpo import TrainSpec
+from evotrainer.trainer.grpo import TrainSpec, child_dir
 from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy, default_configs
-from evotrainer.trainer.sandbox import ChildResult, Limits, run_module
+from evotrainer.trainer.sandbox import ChildResult, Isolation, Limits, isolation_mode, run_module
 
 Progress = Callable[[dict], None] | None
 
@@ -35,10 +41,11 @@ def _write_spec(spec, path: Path) -> None:
 
 
 def run_child(module: str, args: list[str], *, cwd: Path, log: Path, limits: Limits, label: str,
-              on_progress: Progress = None) -> ChildResult:
+              on_progress: Progress = None, isolation: Isolation | None = None) -> ChildResult:
     """A child that reports bad input as a `UserError: <sentence>` line (exit 3): that sentence becomes this
     process's UserError; any other failure is a ChildFailed naming the job, the reason and the log."""
-    res = run_module(module, args, cwd=cwd, log_path=log, limits=limits, on_progress=on_progress, label=label)
+    res = run_module(module, args, cwd=cwd, log_path=log, limits=limits, on_progress=on_progress, label=label,
+                     isolation=isolation)
     if not res.ok:
         if res.returncode == 3 and "UserError: " in res.log_tail:
             raise UserError(res.log_tail.rsplit("UserError: ", 1)[1].strip())
@@ -104,30 +111,170 @@ def _fingerprint_now(domain: str) -> str:
     return fingerprint(get_domain(domain))
 
 
-def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limits: Limits | None = None) -> dict:
-    """GRPO training in a child whose working directory is the harness; returns the checkpoint's meta."""
+def prompts_needed(spec: TrainSpec, knobs: dict) -> int:
+    """Train prompts a run of `spec.steps` draws (at least 1,000, so a filter has something to choose from)."""
+    batch = knobs.get("per_device_train_batch_size", 128) * (knobs.get("steps_per_generation")
+                                                            or knobs.get("gradient_accumulation_steps", 1))
+    return max(spec.steps * batch // knobs.get("num_generations", 8), 1000)
+
+
+class TrainingJob(NamedTuple):
+    """A training child ready to start: its spec file, its view, and what the parent grades with afterwards."""
+
+    spec_path: Path
+    isolation: Isolation
+    domain: object
+    tasks: dict  # prompt_id -> Task: the train tasks the child was given
+
+
+def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
+    """Write the train rows (sealed columns removed) and the child's spec; nothing of the harness runs here."""
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.harness import load_spec
+
+    domain = get_domain(spec.domain)
+    knobs = load_spec(spec.harness_dir).trainer  # YAML only: the harness's code runs in the child
+    tasks = domain.tasks("train", prompts_needed(spec, knobs), seed=spec.seed)
+    sealed = getattr(domain, "sealed_columns", ())
+    rows_path = work_dir / "specs" / f"train-{spec.checkpoint_id}.rows.json"
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(rows_path, json.dumps([t.row(sealed) for t in tasks]))
+    env = getattr(domain, "sealed_env", None)
+    child = spec.model_copy(update={"rows_path": str(rows_path),
+                                    "env": {**asdict(env), "tools": list(env.tools)} if env else None})
     spec_path = work_dir / "specs" / f"train-{spec.checkpoint_id}.json"
-    _write_spec(spec, spec_path)
+    _write_spec(child, spec_path)
+    iso = Isolation(read=[spec.harness_dir, spec.checkpoint, str(spec_path), str(rows_path)],
+                    write=[str(child_dir(spec))])
+    return TrainingJob(spec_path, iso, domain, {t.id: t for t in tasks})
+
+
+def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limits: Limits | None = None) -> dict:
+    """GRPO training in an isolated child whose working directory is the harness; returns the checkpoint's meta.
+
+    The child sees the harness, the starting policy and the train rows written here, and writes only under
+    `child_dir(spec)`; its rollouts are graded here (`grade_evidence`) and its policy installed here."""
+    job = prepare_training(spec, work_dir)
+    out = child_dir(spec)
     log = work_dir / "logs" / f"train-{spec.checkpoint_id}.log"
-    res = run_module("evotrainer.trainer.grpo", [str(spec_path)], cwd=spec.harness_dir, log_path=log,
+    res = run_module("evotrainer.trainer.grpo", [str(job.spec_path)], cwd=spec.harness_dir, log_path=log,
                      limits=limits or Limits(timeout_s=6 * 3600), on_progress=on_progress,
-                     label=f"training {spec.checkpoint_id} with harness {spec.harness_dir}")
+                     label=f"training {spec.checkpoint_id} with harness {spec.harness_dir}", isolation=job.isolation)
     if not res.ok:
         raise ChildFailed(res, log)
-    return json.loads(Path(spec.result_path).read_text())
+    try:
+        result = json.loads((out / "result.json").read_text())
+        steps = int(result["steps"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"training {spec.checkpoint_id} ended without a readable result ({e}): see its log {log}"
+                        ) from e
+    grade_evidence(spec, job.domain, job.tasks)
+    meta = {
+        "id": spec.checkpoint_id, "parent": spec.checkpoint, "domain": spec.domain,
+        "harness": str(Path(spec.harness_dir).resolve()), "harness_commit": spec.harness_commit,
+        "steps": steps, "seed": spec.seed, "generation": spec.generation, "branch": spec.branch,
+        "resumed_from": result.get("resumed_from"), "seconds": result.get("seconds"),
+        "metrics": result.get("metrics", {}), "isolation": isolation_mode(),
+    }
+    _install_policy(out / "final", Path(spec.checkpoints_dir) / spec.checkpoint_id, meta)
+    shutil.rmtree(out, ignore_errors=True)
+    atomic_write_text(Path(spec.result_path), json.dumps(meta))
+    return meta
+
+
+def _install_policy(final: Path, dest: Path, meta: dict) -> None:
+    """Move the child's saved policy to its checkpoint directory: model files only (a child never hands over
+    an evaluation cache or its own meta.json), then meta.json written here, last (its presence = done)."""
+    if not (final / "config.json").is_file():
+        raise UserError(f"the training child saved no policy under {final}")
+    for p in list(final.iterdir()):
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.is_symlink() or not p.is_file() or p.name == "meta.json":
+            p.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged = dest.with_name(dest.name + ".installing")  # beside dest: the child's directory may lie inside it
+    shutil.rmtree(staged, ignore_errors=True)
+    os.replace(final, staged)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(staged, dest)
+    atomic_write_text(dest / "meta.json", json.dumps(meta, indent=2))
+
+
+def grade_evidence(spec: TrainSpec, domain, tasks: dict) -> int:
+    """Grade the training child's raw rollouts with the sealed scorer and write them to the run's evidence.
+
+    Every sealed column (`correct`, `formatted`, the domain's own) comes from here; a row whose prompt is not
+    the train task it names is refused. Returns the number of rows graded."""
+    import pyarrow.parquet as pq
+
+    from evotrainer.trainer.domains import grade_all
+    from evotrainer.trainer.evidence import EvidenceWriter, branch_dir
+
+    raw = child_dir(spec) / "evidence" / f"g{spec.generation}" / branch_dir(spec.branch)
+    dest = EvidenceWriter(spec.evidence_dir, spec.generation, spec.branch, spec.evidence_tag)
+    dest.truncate_after(0)  # this writer's chunks are all rewritten from the child's
+    sealed_cols = {"correct", "formatted", *getattr(domain, "evidence_columns", ())}
+    prefix = f"{branch_dir(spec.evidence_tag)}-" if spec.evidence_tag else ""
+    n = 0
+    for path in sorted(raw.glob(f"steps-{prefix}[0-9]*.parquet")):
+        dest.steps = pq.read_table(path).to_pylist()
+        dest.flush(int(path.stem.rsplit("-", 1)[1]))
+    for path in sorted(raw.glob(f"rollouts-{prefix}[0-9]*.parquet")):
+        rows = [{k: v for k, v in r.items() if k not in sealed_cols} for r in pq.read_table(path).to_pylist()]
+        for r in rows:
+            task = tasks.get(r["prompt_id"])
+            if task is None or task.prompt != r["prompt"]:
+                raise UserError(f"training {spec.checkpoint_id} wrote a rollout whose prompt is not the train task "
+                                f"{r['prompt_id']!r}: the harness changed its training data")
+            r.update(run=spec.run, generation=spec.generation, branch=spec.branch, harness_commit=spec.harness_commit,
+                     checkpoint=spec.checkpoint_id)
+        ts = [tasks[r["prompt_id"]] for r in rows]
+        grades = grade_all(domain, [r["completion"] for r in rows], [t.answer for t in ts], [t.fmt for t in ts],
+                           [t.prompt for t in ts])
+        for r, g in zip(rows, grades):
+            r.update(correct=g.correct, formatted=g.formatted, **g.columns)
+        dest.add_rollouts(rows)
+        dest.flush(int(path.stem.rsplit("-", 1)[1]))
+        n += len(rows)
+    return n
 
 
 def validate_harness(harness_dir: str | Path, work_dir: Path, *, label: str | None = None,
                      limits: Limits | None = None) -> list[str]:
-    """Problems of a harness (empty: valid), found by importing and calling its code in a sandboxed child."""
+    """Problems of a harness (empty: valid), found by importing and calling its code in an isolated child on a
+    sample batch made here (the child never sees the domain's sealed side)."""
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.evaluate import check_sealed
+    from evotrainer.trainer.harness import load_spec, sample_batch
+
     harness_dir = Path(harness_dir).resolve()
     label = label or f"harness {harness_dir}"
-    result_path = work_dir / "specs" / f"validate-{harness_dir.name}-{os.getpid()}.json"
-    result_path.parent.mkdir(parents=True, exist_ok=True)
-    result_path.unlink(missing_ok=True)
+    try:
+        hspec = load_spec(harness_dir)
+        domain = get_domain(hspec.domain)
+    except UserError as e:
+        return [f"{label}: {e}"]
+    check_sealed(domain)  # the sealed side must be intact before anything is judged
+    env = getattr(domain, "sealed_env", None)
+    stamp = f"{harness_dir.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    specs = work_dir / "specs"
+    batch_path, out = specs / f"validate-{stamp}.batch.json", specs / f"validate-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(batch_path, json.dumps({"batch": sample_batch(domain),
+                                              "env": {**asdict(env), "tools": list(env.tools)} if env else None}))
     log = work_dir / "logs" / f"validate-{harness_dir.name}.log"
-    res = run_module("evotrainer.trainer.harness", [str(harness_dir), str(result_path)], cwd=harness_dir, log_path=log,
-                     limits=limits or Limits(timeout_s=120, memory_mb=4096), label=label)
-    if not res.ok:
-        return [res.message]
-    return [f"{label}: {p}" for p in json.loads(result_path.read_text())["problems"]]
+    try:
+        res = run_module("evotrainer.trainer.harness", [str(harness_dir), str(batch_path), str(out / "result.json")],
+                         cwd=harness_dir, log_path=log, limits=limits or Limits(timeout_s=120, memory_mb=4096),
+                         label=label, isolation=Isolation(read=[str(harness_dir), str(batch_path)], write=[str(out)]))
+        if not res.ok:
+            return [res.message]
+        try:
+            problems = json.loads((out / "result.json").read_text())["problems"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return [f"{label}: the validation child wrote no readable result ({e})"]
+        return [f"{label}: {p}" for p in problems]
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+        batch_path.unlink(missing_ok=True)

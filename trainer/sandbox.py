@@ -1,10 +1,18 @@
-"""The one way harness code and training run: a child process with limits.
+"""The one way harness code and training run: a child process with limits, isolated by bubblewrap.
 
 Every child gets a wall-clock timeout, an address-space limit, a CPU-time limit, a working
 directory, and an environment with API keys and tokens removed. It reports progress as JSON
-lines on stdout (prefix `PROGRESS_PREFIX`), everything else goes to a log file. The result is a
+lines on stdout (prefix `PROGRESS_PREFIX`), everything else goes to a log file (capped). The result is a
 typed `ChildResult`: ok, or failed with a reason of timeout / memory / crash / error, and the tail
 of the child's log. A failing child never takes the parent down.
+
+A child that imports or runs harness code is given an `Isolation` (DESIGN §5) and starts under bubblewrap:
+a root built from the system's read-only directories, the Python installation and the package's code
+with the sealed side (the domains: task sources, splits, scorers, `sealed.json`) masked; the job's inputs
+read-only, its own output directories the only writable places; a fresh `/tmp`, its own PID, network, IPC
+and UTS namespaces, a new session, `--die-with-parent`, and an environment of a few named variables. It
+cannot see the orchestrator's processes, files, environment or other runs. Without `bwrap` such a child is
+refused, unless the user sets `EVOTRAINER_UNSAFE_NO_ISOLATION=1` (recorded by the run as `isolation: none`).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from evotrainer.errors import UserError
 from evotrainer.settings import OFFLINE_ENV
 
 PROGRESS_PREFIX = "@evotrainer-progress "
@@ -35,8 +44,110 @@ SECRET_ENV = re.compile(r"(API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIAL|^AWS_|^HF_T
 class Limits(BaseModel):
     timeout_s: float = 3600.0
     memory_mb: int = 16_000  # address space; torch maps a few GB of virtual memory at import
+    max_tasks: int = 512  # processes and threads of an isolated child (where a pids cgroup can be made)
     cpu_s: int | None = None  # defaults to 2 x timeout
     network: bool = False  # False: an empty network namespace where the OS allows one (see network_isolation)
+    log_mb: int = 64  # the child's output kept in its log; the rest is dropped (a flood cannot fill the disk)
+
+
+class Isolation(BaseModel):
+    """What an isolated child may see: its inputs read-only, its outputs writable, nothing else of the machine's
+    files but the system, the Python installation and the package's code (without the sealed side)."""
+
+    read: list[str] = []  # job inputs: the harness worktree, a checkpoint, spec and data files, evidence
+    write: list[str] = []  # the job's own output directories: the only places it can write
+    tmp_mb: int = 2048  # size of its private /tmp
+
+
+UNSAFE_ENV = "EVOTRAINER_UNSAFE_NO_ISOLATION"
+ISOLATED_ENV = "EVOTRAINER_ISOLATED"  # set in every isolated child
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
+# The only variables an isolated child inherits (secrets are removed from these too); HOME is its own /tmp.
+CHILD_ENV = re.compile(r"^(LANG|LC_[A-Z]+|TZ|PYTHONHASHSEED|OMP_NUM_THREADS|MKL_NUM_THREADS|OPENBLAS_[A-Z0-9_]+|"
+                       r"CUDA_VISIBLE_DEVICES|EVOTRAINER_[A-Z0-9_]+)$")
+
+
+class IsolationError(UserError):
+    """Harness code cannot be run isolated here, and the user did not opt out."""
+
+
+def isolation_mode() -> str:
+    """How harness children are isolated on this machine: 'bwrap', or 'none' when the user opted out."""
+    if os.environ.get(UNSAFE_ENV) == "1":
+        return "none"
+    if not shutil.which("bwrap"):
+        raise IsolationError("bubblewrap (bwrap) is needed to run harness code isolated and is not installed: "
+                             "run `make install` as root or `apt-get install bubblewrap`; to run harness code "
+                             f"unisolated at your own risk, set {UNSAFE_ENV}=1")
+    return "bwrap"
+
+
+@lru_cache(maxsize=1)
+def sealed_dirs() -> tuple[str, ...]:
+    """The package directories an isolated child never sees: the domains (task sources, splits, scorers)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("evotrainer.trainer.domains")
+    return tuple(str(Path(p).resolve()) for p in spec.submodule_search_locations)
+
+
+@lru_cache(maxsize=1)
+def _code_dirs() -> tuple[str, ...]:
+    """What Python needs to start: the interpreter's prefix, the environment's, sys.path, the package's code."""
+    import importlib.util
+
+    prefixes = (sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parent.parent))
+    paths = set(prefixes)
+    # sys.path beyond the installation (a test runner's rootdir, the current directory) is not the child's
+    paths.update(p for p in sys.path if p and Path(p).exists() and any(p.startswith(x) for x in prefixes))
+    for name in ("evotrainer", "evotrainer.agents", "evotrainer.graph", "evotrainer.trainer", "evotrainer.memory",
+                 "evotrainer.workspaces"):
+        spec = importlib.util.find_spec(name)
+        paths.update(spec.submodule_search_locations or ())
+    resolved = sorted({str(Path(p).resolve()) for p in paths})
+    # a directory inside another one already bound needs no bind of its own
+    return tuple(p for p in resolved if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in resolved))
+
+
+def _isolated_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if CHILD_ENV.match(k) and not SECRET_ENV.search(k)}
+    env.update(OFFLINE_ENV)
+    env.update({"PYTHONUNBUFFERED": "1", "HOME": "/tmp", "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+                "LANG": env.get("LANG", "C.UTF-8"), ISOLATED_ENV: "1"})
+    return env
+
+
+def inside_isolation() -> bool:
+    """Whether this process is an isolated child (its own children are isolated with it: no nesting)."""
+    return os.environ.get(ISOLATED_ENV) == "1"
+
+
+def bwrap_prefix(iso: Isolation, *, cwd: str | Path, network: bool = False) -> list[str]:
+    """The bubblewrap command line that starts a program in `iso`'s view (see the module docstring)."""
+    cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--clearenv"]
+    if network:
+        cmd.append("--share-net")
+    for k, v in sorted(_isolated_env().items()):
+        cmd += ["--setenv", k, v]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            cmd += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            cmd += ["--ro-bind", d, d]
+    for d in _code_dirs():
+        cmd += ["--ro-bind", d, d]
+    cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(iso.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    for p in iso.read:
+        cmd += ["--ro-bind", str(Path(p).resolve()), str(Path(p).resolve())]
+    for p in iso.write:
+        Path(p).mkdir(parents=True, exist_ok=True)
+        cmd += ["--bind", str(Path(p).resolve()), str(Path(p).resolve())]
+    masks = list(sealed_dirs())
+    # a checkpoint's cached sealed evaluations (dev/test items and grades) are never in view
+    masks += [str(Path(p).resolve() / "evals") for p in iso.read if (Path(p) / "evals").is_dir()]
+    for m in masks:
+        cmd += ["--tmpfs", m, "--remount-ro", m]
+    return [*cmd, "--chdir", str(Path(cwd).resolve()), "--"]
 
 
 @lru_cache(maxsize=1)
@@ -58,7 +169,9 @@ def network_isolation() -> bool:
     return bool(_netns_prefix())
 
 
-def _isolation_prefix(limits: Limits) -> list[str]:
+def _isolation_prefix(limits: Limits, isolation: Isolation | None, cwd: str | Path) -> list[str]:
+    if isolation is not None and isolation_mode() == "bwrap":
+        return bwrap_prefix(isolation, cwd=cwd, network=limits.network)
     return [] if limits.network else list(_netns_prefix())
 
 
@@ -79,8 +192,6 @@ def progress(**fields) -> None:
 def child_main(entry: Callable[[list[str]], int]) -> None:
     """Run a child's entry point: bad input (a UserError) becomes one `UserError: <sentence>` line on stderr and
     exit code 3, which the parent (`jobs.run_child`) turns back into the same error."""
-    from evotrainer.errors import UserError
-
     try:
         code = entry(sys.argv[1:])
     except UserError as e:
@@ -108,9 +219,38 @@ def _die_with_parent() -> None:
         pass
 
 
-def _limit(limits: Limits) -> Callable[[], None]:
+PIDS_CGROUP = Path("/sys/fs/cgroup/pids")  # cgroup v1's pids controller, where the machine has one
+
+
+def _pids_cgroup(max_tasks: int) -> Path | None:
+    """A fresh pids cgroup capped at `max_tasks` processes and threads (a fork bomb stops there), or None where
+    this process may not make one (RLIMIT_NPROC does not bind root, so this is the cap that does)."""
+    if not (PIDS_CGROUP / "cgroup.procs").is_file() or not os.access(PIDS_CGROUP, os.W_OK):
+        return None
+    path = PIDS_CGROUP / f"evotrainer-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        path.mkdir()
+        (path / "pids.max").write_text(str(max_tasks))
+        return path
+    except OSError:
+        return None
+
+
+def _remove_cgroup(path: Path | None) -> None:
+    for _ in range(50):  # empty once the namespace's processes are reaped
+        try:
+            path and path.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def _limit(limits: Limits, cgroup: Path | None = None) -> Callable[[], None]:
     def apply() -> None:
         os.setsid()  # own process group: a timeout kills the child and anything it started
+        if cgroup is not None:
+            with open(cgroup / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
         _die_with_parent()
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -135,16 +275,22 @@ def _last_error(tail: str) -> str:
 
 
 def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str | Path, limits: Limits,
-               on_progress: Callable[[dict], None] | None = None, label: str = "child") -> ChildResult:
-    """Run `python -m module args...` under `limits` in `cwd`; stream progress events to `on_progress`."""
+               on_progress: Callable[[dict], None] | None = None, label: str = "child",
+               isolation: Isolation | None = None) -> ChildResult:
+    """Run `python -m module args...` under `limits` in `cwd`; stream progress events to `on_progress`.
+    With `isolation` (a child that runs harness code) it starts under bubblewrap in that view."""
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = _isolation_prefix(limits, isolation, cwd)
+    cgroup = _pids_cgroup(limits.max_tasks) if prefix[:1] == ["bwrap"] else None
     started = time.time()
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen([*_isolation_prefix(limits), sys.executable, "-m", module, *args], cwd=str(cwd),
-                                env=child_env(),
-                                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-                                preexec_fn=_limit(limits))
+    with open(log_path, "a", errors="replace") as log:
+        # stderr joins stdout: the parent writes the log, so a flood is capped at limits.log_mb
+        # bubblewrap itself gets only the child's few variables: /proc/1/environ inside is bwrap's
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", module, *args], cwd=str(cwd),
+                                env=_isolated_env() if prefix[:1] == ["bwrap"] else child_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", preexec_fn=_limit(limits, cgroup))
         # a watchdog, not a check between lines: a silent hung child must be stopped too
         fired = threading.Event()
 
@@ -154,20 +300,28 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
 
         watchdog = threading.Timer(limits.timeout_s, stop)
         watchdog.start()
+        room = limits.log_mb * 1024 * 1024
         try:
-            for line in proc.stdout:  # type: ignore[union-attr]
+            for line in iter(lambda: proc.stdout.readline(1 << 16), ""):  # type: ignore[union-attr]
                 if line.startswith(PROGRESS_PREFIX):
                     if on_progress:
-                        on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
-                else:
-                    log.write(line)
+                        try:
+                            on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
+                        except ValueError:
+                            pass  # a malformed progress line is the child's problem, never the parent's
+                elif room > 0:
+                    room -= len(line)
+                    log.write(line if room > 0 else f"[log capped at {limits.log_mb} MB: the rest is dropped]\n")
             proc.wait()
         finally:
             watchdog.cancel()
             if proc.poll() is None:
                 _kill_group(proc)
+            _remove_cgroup(cgroup)
         timed_out = fired.is_set()
     rc = proc.returncode
+    if prefix[:1] == ["bwrap"] and rc is not None and rc > 128:
+        rc = -(rc - 128)  # bubblewrap reports a child killed by signal N as exit status 128 + N
     tail = _tail(log_path)
     seconds = round(time.time() - started, 2)
     if timed_out:

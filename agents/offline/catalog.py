@@ -280,7 +280,7 @@ def close_leak(files: Files, findings: list[Finding]) -> Change | None:
     m = _TOOLS_LINE.search(source)
     if not fired or not m:
         return None
-    from evotrainer.trainer.domains.swe_env import SEALED_TOOLS
+    from evotrainer.trainer.swe_env import SEALED_TOOLS
 
     tools = re.findall(r"[\"']([^\"']+)[\"']", m.group(1))
     leaks = [t for t in tools if t not in SEALED_TOOLS]

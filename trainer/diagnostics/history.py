@@ -107,7 +107,7 @@ def validate_on_history(run_dir: str | Path, harness_dir: str | Path, only: list
     from evotrainer.files import atomic_write_text
     from evotrainer.trainer import jobs
     from evotrainer.trainer.harness import load_spec
-    from evotrainer.trainer.sandbox import Limits
+    from evotrainer.trainer.sandbox import Isolation, Limits
     from evotrainer.workspaces.run import RunWorkspace
 
     ws = RunWorkspace.open(run_dir)
@@ -117,16 +117,18 @@ def validate_on_history(run_dir: str | Path, harness_dir: str | Path, only: list
     slices = [Slice(generation=r.generation, branch=r.branch, status=r.status) for r in ws.harness.lineage()]
     if not any(s.status != "open" for s in slices):
         raise UserError(f"run {ws.path} has no judged branches yet: nothing to validate an analyzer against")
+    out = ws.path / "specs" / "history"
+    out.mkdir(parents=True, exist_ok=True)
     spec = HistorySpec(harness_dir=str(harness_dir), evidence_root=str(ws.path / "evidence"), slices=slices,
                        only=only, thresholds=load_spec(ws.path / "harness").analyzers,
-                       result_path=str(ws.path / "specs" / "history.result.json"))
+                       result_path=str(out / "result.json"))
     spec_path = ws.path / "specs" / "history.spec.json"
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(spec_path, spec.model_dump_json())
     Path(spec.result_path).unlink(missing_ok=True)
     jobs.run_child("evotrainer.trainer.diagnostics.history", [str(spec_path)], cwd=harness_dir,
                    log=ws.path / "logs" / "history.log", limits=Limits(timeout_s=600, memory_mb=8000),
-                   label=f"validation of the analyzers in {harness_dir}")
+                   label=f"validation of the analyzers in {harness_dir}",
+                   isolation=Isolation(read=[str(harness_dir), spec.evidence_root, str(spec_path)], write=[str(out)]))
     return AnalyzerValidation.model_validate_json(Path(spec.result_path).read_text())
 
 

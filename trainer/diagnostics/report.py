@@ -1,8 +1,9 @@
 """Health reports: every analyzer over the evidence of one generation and branch, as JSON and Markdown.
 
-Built-in analyzers are package code and run in the calling process. When the harness carries its own
-analyzers (`diagnostics/*.py`), the whole report is computed in a sandboxed child whose working
-directory is the harness (`python -m evotrainer.trainer.diagnostics.report SPEC.json`).
+Built-in analyzers are package code and always run in the calling process. When the harness carries its
+own analyzers (`diagnostics/*.py`), those alone run in an isolated child whose working directory is the
+harness (`python -m evotrainer.trainer.diagnostics.report SPEC.json`), and their findings join the report:
+harness code can add a finding, never remove or change a built-in one.
 """
 
 from __future__ import annotations
@@ -75,19 +76,21 @@ class AnalyzeSpec(BaseModel):
     generation: int | None = None
     branch: str | None = None
     tag: str | None = None  # only the chunks of writers whose tag starts with this (a backtest's commit)
-    harness_dir: str | None = None  # its diagnostics/*.py are imported (child only)
+    harness_dir: str | None = None  # its diagnostics/*.py are imported and run alone (child only)
     thresholds: dict[str, dict[str, float]] = {}
     result_path: str
 
 
 def analyze(spec: AnalyzeSpec) -> HealthReport:
-    """Every registered analyzer (and the harness's own) over one evidence slice, in this process."""
+    """The analyzers over one evidence slice, in this process: the built-in ones, or, with `spec.harness_dir`
+    (an isolated child), only the harness's own."""
     from evotrainer.trainer.diagnostics import load_harness_analyzers
 
     started = time.time()
+    own = None
     if spec.harness_dir:
         try:
-            load_harness_analyzers(spec.harness_dir)
+            own = load_harness_analyzers(spec.harness_dir)
         except Exception as e:
             raise UserError(f"the harness's own analyzers failed to load: {type(e).__name__}: {e}") from e
     rollouts = read_rollouts(spec.evidence_root, spec.generation, spec.branch, spec.tag).to_pandas()
@@ -95,7 +98,7 @@ def analyze(spec: AnalyzeSpec) -> HealthReport:
         raise UserError(f"no rollouts for generation {spec.generation} branch {spec.branch} under "
                         f"{spec.evidence_root}")
     steps = read_steps(spec.evidence_root, spec.generation, spec.branch, spec.tag).to_pandas()
-    findings = run_all(rollouts, steps, spec.thresholds)
+    findings = run_all(rollouts, steps, spec.thresholds, only=own) if own != [] else []
     return HealthReport(generation=spec.generation, branch=spec.branch, n_rollouts=len(rollouts),
                         n_steps=int(rollouts["step"].nunique()), summary=summarize(rollouts), findings=findings,
                         failed_gates=sorted({f.analyzer for f in findings if f.gate}),
@@ -117,25 +120,36 @@ def health_report(path: str | Path, generation: int | None = None, branch: str |
     if thresholds is None:
         thresholds = load_spec(harness_dir).analyzers if harness_dir else {}
     spec = AnalyzeSpec(evidence_root=str(root), generation=generation, branch=branch, tag=tag,
-                       harness_dir=str(Path(harness_dir).resolve()) if harness_dir else None,
                        thresholds=thresholds, result_path="")
+    report = analyze(spec)  # the built-in analyzers: package code, in this process
     if not has_own_analyzers(harness_dir):
-        return analyze(spec)  # package code only: no need for a child
+        return report
     from evotrainer.trainer import jobs
-    from evotrainer.trainer.sandbox import Limits
+    from evotrainer.trainer.sandbox import Isolation, Limits
 
+    harness_dir = Path(harness_dir).resolve()
     work = Path(work_dir or root.parent)
     stem = f"report-g{generation if generation is not None else 'all'}-{branch_dir(branch) if branch else 'all'}" \
            f"-{uuid.uuid4().hex[:8]}"  # unique: reports of several candidates may run at once
-    spec.result_path = str(work / "specs" / f"{stem}.result.json")
+    out = work / "specs" / stem
+    out.mkdir(parents=True, exist_ok=True)
+    child = spec.model_copy(update={"harness_dir": str(harness_dir), "result_path": str(out / "result.json")})
     spec_path = work / "specs" / f"{stem}.spec.json"
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(spec_path, spec.model_dump_json())
-    Path(spec.result_path).unlink(missing_ok=True)
-    jobs.run_child("evotrainer.trainer.diagnostics.report", [str(spec_path)], cwd=Path(spec.harness_dir),
-                   log=work / "logs" / f"{stem}.log", limits=Limits(timeout_s=300, memory_mb=8000),
-                   label="health report with the harness's own analyzers")
-    return HealthReport.model_validate_json(Path(spec.result_path).read_text())
+    atomic_write_text(spec_path, child.model_dump_json())
+    try:
+        jobs.run_child("evotrainer.trainer.diagnostics.report", [str(spec_path)], cwd=harness_dir,
+                       log=work / "logs" / f"{stem}.log", limits=Limits(timeout_s=300, memory_mb=8000),
+                       label="health report with the harness's own analyzers",
+                       isolation=Isolation(read=[str(harness_dir), str(root), str(spec_path)], write=[str(out)]))
+        own = HealthReport.model_validate_json(Path(child.result_path).read_text())
+    finally:
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+    findings = report.findings + own.findings
+    return report.model_copy(update={"findings": findings, "failed_gates": sorted({f.analyzer for f in findings
+                                                                                   if f.gate}),
+                                     "seconds": round(report.seconds + own.seconds, 3)})
 
 
 def write_report(report: HealthReport, reports_dir: str | Path) -> Path:

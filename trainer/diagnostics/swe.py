@@ -18,7 +18,7 @@ import pandas as pd
 from evotrainer.trainer.diagnostics import Finding, analyzer
 from evotrainer.trainer.diagnostics.builtin import _ids, _level
 from evotrainer.trainer.diagnostics.code import _has
-from evotrainer.trainer.domains.swe_env import SEALED_TOOLS
+from evotrainer.trainer.swe_env import SEALED_TOOLS
 
 LOOKS = ("search", "view", "test")  # actions that show the policy something about the code before it edits
 

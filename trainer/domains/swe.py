@@ -27,7 +27,7 @@ import json
 import random
 from functools import cache
 
-from evotrainer.trainer.domains import swe_env
+from evotrainer.trainer import swe_env
 from evotrainer.trainer.domains.base import Grade, Task, split_of
 
 LEVEL_WEIGHTS = {1: 0.35, 2: 0.40, 3: 0.25}

@@ -1,4 +1,4 @@
-"""The tool environment of this harness (the engine lives in the package: evotrainer.trainer.domains.swe_env).
+"""The tool environment of this harness (the engine lives in the package: evotrainer.trainer.swe_env).
 
 TOOLS        the actions the policy may take, one per turn: search, view, edit, test, submit, history
 MAX_TURNS    actions per episode before it ends unsubmitted
