@@ -187,13 +187,20 @@ class Loop:
                 cand.branch, cand.commit = rec.branch, rec.head
                 out.append(cand)
                 continue
-            branch, tree = repo.create_candidate(g, iv.transform or iv.id, ws.path / "worktrees")
+            # an LLM plan's id already carries the generation (`g1-recipe-temperature`): not `cand/g1-g1-...`
+            try:
+                branch, tree = repo.create_candidate(g, iv.transform or iv.id.removeprefix(f"g{g}-"),
+                                                     ws.path / "worktrees")
+            except UserError as e:  # the candidate cannot be materialised: rejected with its reason, the run goes on
+                cand.error = f"not implemented: {e}"
+                out.append(cand)
+                continue
             self.status(f"generation {g}: implement {branch}")
             error = ""
             for attempt in range(self.cfg.loop.repair_rounds + 1):
                 cand.attempts = attempt + 1
-                repo.reset_worktree(tree)
                 try:
+                    repo.reset_worktree(tree)
                     result = self.meta.code(CodeInput(intervention=iv, files=files, findings=state.findings,
                                                       error=error, attempt=attempt))
                     changed = apply_edits(files, result.edits)
@@ -209,8 +216,14 @@ class Loop:
                     self.events.emit("repair", node="implement", generation=g, branch=branch, attempt=attempt,
                                      error=error)
                     continue
-                cand.commit = repo.commit(tree, result.message, intervention_id=iv.id, hypothesis=iv.hypothesis,
-                                          factor=iv.factor, generation=g)
+                try:  # exactly the edited paths, regular files only (workspaces/repo.py refuses anything else)
+                    cand.commit = repo.commit(tree, result.message, intervention_id=iv.id, hypothesis=iv.hypothesis,
+                                              factor=iv.factor, generation=g, paths=list(changed))
+                except UserError as e:
+                    error = str(e)
+                    self.events.emit("repair", node="implement", generation=g, branch=branch, attempt=attempt,
+                                     error=error)
+                    continue
                 cand.branch, error = branch, ""
                 break
             if not cand.commit:
