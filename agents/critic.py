@@ -131,9 +131,13 @@ def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:
 
 def merge_llm_verdict(rule_verdict: Verdict, llm_verdict: Verdict) -> Verdict:
     """An LLM Critic's verdict within the rule's ceiling: it may turn a promote into a reject or a revise (its
-    reasons are kept), never a reject into a promote. Gates and numbers always come from the backtest."""
-    decision = llm_verdict.decision
-    if decision == "promote" and rule_verdict.decision != "promote":
-        decision = rule_verdict.decision
+    reasons are kept), never a reject into a promote. An overruled promote keeps none of its reasons (they argue
+    for the decision that was refused), only a note that it was overruled. Gates and numbers always come from the
+    backtest."""
+    if llm_verdict.decision == "promote" and rule_verdict.decision != "promote":
+        return rule_verdict.model_copy(update={
+            "reasons": rule_verdict.reasons + ["the meta-LLM Critic's promote was overruled by the promotion rule"],
+            "lesson": llm_verdict.lesson})
     reasons = rule_verdict.reasons + [r for r in llm_verdict.reasons if r not in rule_verdict.reasons]
-    return rule_verdict.model_copy(update={"decision": decision, "reasons": reasons, "lesson": llm_verdict.lesson})
+    return rule_verdict.model_copy(update={"decision": llm_verdict.decision, "reasons": reasons,
+                                           "lesson": llm_verdict.lesson})

@@ -2,9 +2,13 @@
 
 - Provider strings as LiteLLM takes them (`openai/...`, `anthropic/...`, `ollama/...`, `hosted_vllm/...` with
   `api_base`); keys from the providers' usual environment variables.
-- Each attempt has a timeout; transport errors are retried by the OpenAI SDK underneath (`retries`).
-- `structured(agent, system, user, Model)` asks for one JSON object, validates it with pydantic, and on failure
-  sends the validation error back once (the repair round) before giving up with `LLMError`.
+- One retry layer, ours: a call makes at most `retries` attempts, each cut off after `timeout_s` seconds of wall
+  clock (a server that trickles bytes cannot stretch it). LiteLLM's and the OpenAI SDK's own retries are off, so
+  the two never multiply. Only transient failures are retried (timeouts, connection errors, 408/409/429/5xx, a
+  reply over `MAX_REPLY_CHARS`); a bad key or an unknown model fails at once.
+- `structured(agent, system, user, Model)` takes the reply's JSON object (found by one linear scan), validates it
+  with pydantic, and on failure sends the validation error back once (the repair round) before giving up with
+  `LLMError`.
 - Tokens and dollars are counted per agent; every prompt and reply is appended to
   `<run>/transcripts/<agent>.jsonl`, and each call's cost is reported through `on_call` (the loop writes it to
   events.jsonl, so that spend survives a restart).
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +34,10 @@ from evotrainer.errors import UserError
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
 
 M = TypeVar("M", bound=BaseModel)
+TIMEOUT_S = 120.0  # wall clock of one attempt
+ATTEMPTS = 2  # attempts per call (`retries`): 1 is no retry
+MAX_REPLY_CHARS = 256 * 1024  # a longer reply is a failed attempt: no agent's answer is that long
+MAX_CANDIDATES = 8  # JSON objects of one reply tried against the schema
 
 
 class LLMError(UserError):
@@ -42,18 +51,49 @@ class Usage(BaseModel):
     dollars: float = 0.0
 
 
-def _json_object(text: str) -> str:
-    """The JSON object in a reply: fenced in ```json ... ``` or the outermost braces."""
-    m = re.search(r"```(?:json)?\s*(\{.*\})\s*```", text, flags=re.S)
-    if m:
-        return m.group(1)
-    start, end = text.find("{"), text.rfind("}")
-    return text[start:end + 1] if start != -1 and end > start else text
+_TOKEN = re.compile(r'\\.|["{}]', flags=re.S)  # an escape (taken whole), a quote or a brace
+
+
+def _json_objects(text: str) -> list[str]:
+    """The outermost balanced `{...}` spans of a reply, in order, found in one linear pass: prose or a ```json
+    fence around the object does not matter, braces inside JSON strings are skipped, and a stray `{` that never
+    closes does not hide an object after it."""
+    opens: list[int] = []
+    spans: list[tuple[int, int]] = []
+    in_string = False
+    for m in _TOKEN.finditer(text):
+        tok = m.group()
+        if in_string:
+            in_string = tok != '"'
+        elif tok == '"':
+            in_string = bool(opens)  # a quote in prose, outside any brace, opens no string
+        elif tok == "{":
+            opens.append(m.start())
+        elif tok == "}" and opens:
+            start = opens.pop()
+            while spans and spans[-1][0] > start:  # the spans it encloses are not outermost
+                spans.pop()
+            spans.append((start, m.end()))
+    return [text[a:b] for a, b in spans]
+
+
+def _transient(e: Exception) -> bool:
+    """Worth another attempt: no answer in time, a dropped connection, a busy or failing server, a runaway reply."""
+    code = getattr(e, "status_code", None)
+    return not isinstance(code, int) or code in (408, 409, 429) or code >= 500
+
+
+def _litellm():
+    """LiteLLM, with its stdout hints ("Provider List", "Give Feedback") off: `--json` stdout stays pure JSON."""
+    import litellm
+
+    litellm.suppress_debug_info = True
+    return litellm
 
 
 class LLMClient:
     def __init__(self, model: str, api_base: str | None = None, *, transcripts: Path | None = None,
-                 timeout_s: float = 120.0, retries: int = 2, max_tokens: int = 4096,
+                 timeout_s: float = TIMEOUT_S, retries: int = ATTEMPTS, max_tokens: int = 4096,
                  cost_per_mtok: tuple[float, float] | None = None,
                  on_call: Callable[[str, dict], None] | None = None):
         self.model, self.api_base, self.transcripts = model, api_base, transcripts
@@ -71,30 +111,61 @@ class LLMClient:
 
     def check_environment(self) -> None:
         """A missing provider key is named before any call (endpoints given by api_base may need none)."""
-        import litellm
-
         if self.api_base:
             return
-        env = litellm.validate_environment(self.model)
+        env = _litellm().validate_environment(self.model)
         if not env.get("keys_in_environment", True) and env.get("missing_keys"):
             raise UserError(f"meta-LLM {self.model} needs {', '.join(env['missing_keys'])} in the environment: set "
                             "it, pass --api-base for a local server, or use --meta-llm offline")
 
-    def _complete(self, agent: str, messages: list[dict]) -> str:
-        import litellm
+    def _attempt(self, messages: list[dict]) -> tuple[object, str]:
+        """One request, abandoned after `timeout_s` of wall clock (the SDK's own timeout is per read, so a server
+        that trickles bytes would outlast it); the abandoned daemon thread ends with its connection."""
+        litellm = _litellm()
+        box: dict = {}
 
-        started = time.time()
-        try:
-            resp = litellm.completion(model=self.model, messages=messages, api_base=self.api_base,
-                                      timeout=self.timeout_s, num_retries=self.retries, max_tokens=self.max_tokens,
-                                      temperature=0.0)
-            content = resp.choices[0].message.content
-        except Exception as e:  # every provider failure becomes one line naming the endpoint and the way out
-            first = " ".join(str(e).split())[:300]
-            raise LLMError(f"meta-LLM {self._where()} failed ({type(e).__name__}: {first}): check the model name, "
-                           "the endpoint and the key, or use --meta-llm offline") from e
+        def call() -> None:
+            try:
+                box["resp"] = litellm.completion(model=self.model, messages=messages, api_base=self.api_base,
+                                                 timeout=self.timeout_s, num_retries=0, max_retries=0,
+                                                 max_tokens=self.max_tokens, temperature=0.0)
+            except Exception as e:  # handed to the caller's thread
+                box["error"] = e
+
+        worker = threading.Thread(target=call, name="meta-llm-call", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise TimeoutError(f"no complete reply within {self.timeout_s:g} s")
+        if "error" in box:
+            raise box["error"]
+        resp = box["resp"]
+        choices = getattr(resp, "choices", None)  # a 200 with a non-JSON body comes back as a plain string
+        content = choices[0].message.content if choices else None
         if not isinstance(content, str):
-            raise LLMError(f"meta-LLM {self._where()} returned no text content (got {type(content).__name__})")
+            raise ValueError(f"the reply is no chat completion with text content (got {type(resp).__name__})")
+        if len(content) > MAX_REPLY_CHARS:
+            raise ValueError(f"a reply of {len(content)} characters, over the {MAX_REPLY_CHARS} allowed")
+        return resp, content
+
+    def _complete(self, agent: str, messages: list[dict]) -> str:
+        started = time.time()
+        attempts = max(1, self.retries)
+        for attempt in range(1, attempts + 1):
+            try:
+                resp, content = self._attempt(messages)
+                break
+            except Exception as e:  # every provider failure becomes one line naming the endpoint and the way out
+                first = " ".join(str(e).split())[:300]
+                if attempt < attempts and _transient(e):
+                    if self.on_call:
+                        self.on_call(agent, {"kind": "retry", "agent": agent, "attempt": attempt,
+                                             "error": f"{type(e).__name__}: {first}"})
+                    continue
+                tries = f"{attempt} attempt{'s' if attempt > 1 else ''} of at most {self.timeout_s:g} s"
+                raise LLMError(f"meta-LLM {self._where()} failed after {tries} ({type(e).__name__}: {first}): check "
+                               "the model name, the endpoint and the key, raise --llm-timeout, or use --meta-llm "
+                               "offline") from e
         u = getattr(resp, "usage", None)
         pt, ct = int(getattr(u, "prompt_tokens", 0) or 0), int(getattr(u, "completion_tokens", 0) or 0)
         dollars = self._cost(resp, pt, ct)
@@ -116,10 +187,8 @@ class LLMClient:
     def _cost(self, resp, prompt_tokens: int, completion_tokens: int) -> float:
         if self.cost_per_mtok:
             return (prompt_tokens * self.cost_per_mtok[0] + completion_tokens * self.cost_per_mtok[1]) / 1e6
-        import litellm
-
         try:
-            return float(litellm.completion_cost(completion_response=resp) or 0.0)
+            return float(_litellm().completion_cost(completion_response=resp) or 0.0)
         except Exception:  # a model without a known price: tokens are still counted
             return 0.0
 
@@ -135,13 +204,15 @@ class LLMClient:
         error = ""
         for attempt in (1, 2):
             reply = self._complete(agent, messages)
-            try:
-                return schema.model_validate_json(_json_object(reply)), attempt
-            except ValidationError as e:
-                err = e.errors()[0]
-                error = f"{'.'.join(str(x) for x in err['loc']) or 'reply'}: {err['msg']}"
-                if self.on_call:
-                    self.on_call(agent, {"kind": "repair", "agent": agent, "attempt": attempt, "error": error})
+            first = None
+            for text in _json_objects(reply)[:MAX_CANDIDATES] or [reply]:  # the first object that validates
+                try:
+                    return schema.model_validate_json(text), attempt
+                except ValidationError as e:
+                    first = first or e.errors()[0]
+            error = f"{'.'.join(str(x) for x in first['loc']) or 'reply'}: {first['msg']}"
+            if self.on_call:
+                self.on_call(agent, {"kind": "repair", "agent": agent, "attempt": attempt, "error": error})
             messages = messages + [
                 {"role": "assistant", "content": reply},
                 {"role": "user", "content": f"Your reply is not a valid {schema.__name__}: {error}. Reply again with "

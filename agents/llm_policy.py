@@ -10,11 +10,12 @@ validated on history, not a judgement.
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 from evotrainer.agents.critic import merge_llm_verdict
-from evotrainer.agents.llm import LLMClient
+from evotrainer.agents.llm import LLMClient, LLMError
 from evotrainer.agents.offline.catalog import CATALOG
 from evotrainer.agents.offline.policy import OfflinePolicy
 from evotrainer.agents.schemas import (
@@ -41,9 +42,11 @@ def _system(agent: str, schema) -> str:
 
 
 def _quote(samples: list[Sample]) -> str:
-    """Rollouts as data: each inside <rollout> tags, its text JSON-escaped so it cannot close the tag."""
+    """Rollouts as data: each inside <rollout> tags, its text JSON-escaped and its `&`, `<`, `>` as entities, so a
+    completion that writes `</rollout>` cannot close the tag."""
     return "\n".join(f"<rollout id={s.rollout_id!r} reward={s.reward:.3f} correct={s.correct} "
-                     f"truncated={s.truncated}>{json.dumps({'prompt': s.prompt, 'completion': s.completion})}"
+                     f"truncated={s.truncated}>"
+                     f"{html.escape(json.dumps({'prompt': s.prompt, 'completion': s.completion}), quote=False)}"
                      "</rollout>" for s in samples)
 
 
@@ -54,10 +57,12 @@ class LLMPolicy:
         self._offline = OfflinePolicy()
 
     @classmethod
-    def connect(cls, model: str, api_base: str | None = None, *, cost_per_mtok: tuple[float, float] | None = None
-                ) -> LLMPolicy:
-        """A policy whose endpoint answered the preflight call."""
-        client = LLMClient(model, api_base, cost_per_mtok=cost_per_mtok)
+    def connect(cls, model: str, api_base: str | None = None, *, cost_per_mtok: tuple[float, float] | None = None,
+                timeout_s: float | None = None, retries: int | None = None) -> LLMPolicy:
+        """A policy whose endpoint answered the preflight call (timeout and attempts: the client's defaults when
+        None)."""
+        limits = {k: v for k, v in dict(timeout_s=timeout_s, retries=retries).items() if v is not None}
+        client = LLMClient(model, api_base, cost_per_mtok=cost_per_mtok, **limits)
         client.preflight()
         return cls(client)
 
@@ -121,12 +126,22 @@ class LLMPolicy:
         return out
 
     def critique(self, verdict: Verdict, intervention: Intervention, backtest: BacktestResult | None) -> Verdict:
-        bt = backtest.model_dump(exclude={"short_run": {"arms", "findings"}, "replay": {"findings"}}) if backtest \
-            else None
+        """The rule's verdict reviewed by the LLM Critic. With no backtest there is nothing to review, and a Critic
+        that gives no usable answer leaves the rule's verdict as it is (the failure goes to the event log): the
+        rule alone can decide, so a review is never worth ending the run for."""
+        if backtest is None:
+            return verdict
+        bt = backtest.model_dump(exclude={"short_run": {"arms", "findings"}, "replay": {"findings"}})
         user = "\n\n".join([f"Intervention: {intervention.model_dump_json()}",
                             f"Verdict of the promotion rule: {verdict.model_dump_json()}",
                             f"Backtest: {json.dumps(bt, default=str)}"])
-        out, _ = self.client.structured("critic", _system("critic", Verdict), user, Verdict)
+        try:
+            out, _ = self.client.structured("critic", _system("critic", Verdict), user, Verdict)
+        except LLMError as e:
+            if self.client.on_call:
+                self.client.on_call("critic", {"kind": "critic_fallback", "agent": "critic", "branch": verdict.branch,
+                                               "error": str(e)})
+            return verdict
         return merge_llm_verdict(verdict, out.model_copy(update={"branch": verdict.branch}))
 
     def revision(self, files: dict[str, str], culprit: str):

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from evotrainer.agents import llm
 from evotrainer.errors import UserError
 from evotrainer.settings import apply_offline_switches
 
@@ -298,7 +299,8 @@ def validate_analyzer(
         Console().print(Markdown(result.markdown()))
 
 
-def _meta_policy(meta_llm: str, api_base: str | None, cost: list[float] | None):
+def _meta_policy(meta_llm: str, api_base: str | None, cost: list[float] | None, timeout_s: float | None = None,
+                 retries: int | None = None):
     """The offline rules, or a LiteLLM model that answered its preflight call."""
     if meta_llm == "offline":
         from evotrainer.agents.offline.policy import OfflinePolicy
@@ -306,7 +308,8 @@ def _meta_policy(meta_llm: str, api_base: str | None, cost: list[float] | None):
         return OfflinePolicy()
     from evotrainer.agents.llm_policy import LLMPolicy
 
-    return LLMPolicy.connect(meta_llm, api_base, cost_per_mtok=tuple(cost) if cost else None)
+    return LLMPolicy.connect(meta_llm, api_base, cost_per_mtok=tuple(cost) if cost else None, timeout_s=timeout_s,
+                             retries=retries)
 
 
 def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
@@ -314,7 +317,8 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
 
     if meta is None:
         cfg = ws.config()
-        meta = _meta_policy(cfg.meta_llm, cfg.api_base, cfg.llm_cost_per_mtok)  # preflight before any training
+        # preflight before any training
+        meta = _meta_policy(cfg.meta_llm, cfg.api_base, cfg.llm_cost_per_mtok, cfg.llm_timeout_s, cfg.llm_retries)
     with progress_display(not as_json) as feed:
         status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
                                                                               highlight=False))
@@ -352,6 +356,10 @@ def run(
     meta_llm: Annotated[str, typer.Option(help="'offline' (rule-based meta-policy) or a LiteLLM model string, e.g. "
                                                "openai/gpt-4o-mini, ollama/qwen2.5, hosted_vllm/MODEL")] = "offline",
     api_base: Annotated[str | None, typer.Option(help="endpoint of the meta-LLM (ollama, vLLM, a proxy)")] = None,
+    llm_timeout: Annotated[float | None, typer.Option(min=1, help="seconds one meta-LLM attempt may take, wall clock "
+                                                                  f"(default {llm.TIMEOUT_S:g})")] = None,
+    llm_retries: Annotated[int | None, typer.Option(min=1, help="attempts per meta-LLM call, 1 for no retry "
+                                                                f"(default {llm.ATTEMPTS})")] = None,
     skills: Annotated[Path | None, typer.Option(help="skill memory (default $EVOTRAINER_SKILLS or "
                                                      "~/.evotrainer/skills)")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="starting policy (default: the cached warm policy)")] = None,
@@ -387,10 +395,12 @@ def run(
     if (directory / "run.yaml").is_file():
         raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
                         "choose a new directory")
-    meta = _meta_policy(meta_llm, api_base, cost)  # an unreachable endpoint or a missing key: before anything exists
+    # an unreachable endpoint or a missing key: before anything exists
+    meta = _meta_policy(meta_llm, api_base, cost, llm_timeout, llm_retries)
     ws = open_run(directory, domain=domain, budget=budget, meta_llm=meta_llm, api_base=api_base,
                   skills=str(skills.resolve()) if skills else None, checkpoint=str(checkpoint) if checkpoint else None,
-                  seed=seed, loop_overrides=overrides, llm_cost=cost)
+                  seed=seed, loop_overrides=overrides, llm_cost=cost, llm_timeout_s=llm_timeout,
+                  llm_retries=llm_retries)
     _drive(ws, fresh=True, as_json=as_json, meta=meta)
 
 

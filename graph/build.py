@@ -153,12 +153,14 @@ def loop_config(domain: str, overrides: dict | None = None) -> LoopConfig:
 
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
              skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None,
-             llm_cost: list[float] | None = None) -> RunWorkspace:
+             llm_cost: list[float] | None = None, llm_timeout_s: float | None = None,
+             llm_retries: int | None = None) -> RunWorkspace:
     """A new run at `directory` with these settings (RunWorkspace.create refuses a directory that holds one)."""
     if checkpoint and not (Path(checkpoint) / "config.json").is_file():
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
     return RunWorkspace.create(directory, domain, seed=seed,
                                budget=budget,
                                meta_llm=meta_llm, api_base=api_base, skills=skills, llm_cost_per_mtok=llm_cost,
+                               llm_timeout_s=llm_timeout_s, llm_retries=llm_retries,
                                checkpoint=str(Path(checkpoint).resolve()) if checkpoint else None,
                                loop=loop_config(domain, loop_overrides))

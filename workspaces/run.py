@@ -73,6 +73,10 @@ class RunConfig(BaseModel):
     budget: Budget = Field(default_factory=Budget)
     meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
     api_base: str | None = None
+    llm_timeout_s: float | None = Field(None, description="wall clock of one meta-LLM attempt (None: the client's "
+                                                          "default)")
+    llm_retries: int | None = Field(None, description="attempts per meta-LLM call, 1 for no retry (None: the "
+                                                      "client's default)")
     llm_cost_per_mtok: list[float] | None = Field(None, description="dollars per million input and output tokens, "
                                                                     "for a meta-LLM LiteLLM has no price for")
     skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
