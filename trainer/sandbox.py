@@ -124,7 +124,8 @@ def inside_isolation() -> bool:
 
 def bwrap_prefix(iso: Isolation, *, cwd: str | Path, network: bool = False) -> list[str]:
     """The bubblewrap command line that starts a program in `iso`'s view (see the module docstring)."""
-    cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--clearenv"]
+    # no capabilities: as root, bubblewrap would otherwise leave the child able to unmount a mask or remount a bind
+    cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL", "--clearenv"]
     if network:
         cmd.append("--share-net")
     for k, v in sorted(_isolated_env().items()):
@@ -147,7 +148,8 @@ def bwrap_prefix(iso: Isolation, *, cwd: str | Path, network: bool = False) -> l
     masks += [str(Path(p).resolve() / "evals") for p in iso.read if (Path(p) / "evals").is_dir()]
     for m in masks:
         cmd += ["--tmpfs", m, "--remount-ro", m]
-    return [*cmd, "--chdir", str(Path(cwd).resolve()), "--"]
+    # the directories bubblewrap made to hold the binds are read-only too (a private /tmp stays writable)
+    return [*cmd, "--remount-ro", "/", "--chdir", str(Path(cwd).resolve()), "--"]
 
 
 @lru_cache(maxsize=1)
