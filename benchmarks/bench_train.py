@@ -2,13 +2,16 @@
 
 Both arms train the same warm policy for the same steps with the same GRPOConfig, reward functions,
 dataset and seed, each in a fresh child process with one torch thread, run alternately `--repeats`
-times. EvoTrainer's arm adds what it exists for: one evidence row per rollout (sealed grading,
-per-token log-probabilities, Parquet), per-step aggregates, resumable checkpoints every 25 steps and
-the final checkpoint with its meta.json. The bare arm saves the model once at the end.
+times. EvoTrainer's arm is `jobs.train` as the loop calls it, with what it exists for: the child under
+bubblewrap (isolation), one evidence row per rollout (per-token log-probabilities, Parquet), per-step
+aggregates, resumable checkpoints every 25 steps, then in the parent the sealed grading of every
+rollout and the installed checkpoint with its meta.json. The bare arm is a plain child process that
+saves the model once at the end.
 
     python benchmarks/bench_train.py [--steps 60] [--repeats 2] [--checkpoint CKPT]
 
-Prints one JSON object: seconds per arm (median), the ratio evotrainer/bare, and steps per second.
+Prints one JSON object: seconds per arm (median), the ratio evotrainer/bare, steps per second, and the
+cost of starting one child (a module that imports nothing heavy) plain and isolated (median of 5).
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ def bare_loop(spec_path: str) -> None:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.grpo import grpo_config, training_rows
     from evotrainer.trainer.harness import load_filters, load_reward_functions, load_spec
     from evotrainer.trainer.policy import load_policy
@@ -47,7 +49,7 @@ def bare_loop(spec_path: str) -> None:
     model.train()
     args = grpo_config(spec, hspec.trainer, [r.weight for r in hspec.rewards])
     args.save_strategy = "no"
-    rows = training_rows(spec, args, get_domain(spec.domain), load_filters(spec.harness_dir, hspec))
+    rows = training_rows(json.loads(Path(spec.rows_path).read_text()), load_filters(spec.harness_dir, hspec))
     trainer = GRPOTrainer(model=model, reward_funcs=load_reward_functions(spec.harness_dir, hspec), args=args,
                           train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()
@@ -85,18 +87,40 @@ def main() -> None:
                                  out_dir=str(out), checkpoint_id="bench", checkpoints_dir=str(out / "checkpoints"),
                                  evidence_dir=str(out / "evidence"), result_path=str(out / "result.json"))
                 out.mkdir(parents=True)
-                spec_path = out / "spec.json"
-                spec_path.write_text(spec.model_dump_json())
-                cmd = [sys.executable, __file__, "--bare", str(spec_path)] if arm == "bare" else \
-                    [sys.executable, "-m", "evotrainer.trainer.grpo", str(spec_path)]
-                times[arm].append(_timed(cmd, harness))
+                if arm == "bare":
+                    job = jobs.prepare_training(spec, out)  # the same rows file the isolated child reads
+                    times[arm].append(_timed([sys.executable, __file__, "--bare", str(job.spec_path)], harness))
+                else:
+                    t = time.perf_counter()
+                    jobs.train(spec, out)
+                    times[arm].append(time.perf_counter() - t)
+        starts = _child_starts(root)
     med = {arm: statistics.median(v) for arm, v in times.items()}
     print(json.dumps({
         "steps": a.steps, "repeats": a.repeats, "seconds": times,
         "median_seconds": {k: round(v, 2) for k, v in med.items()},
         "ratio": round(med["evotrainer"] / med["bare"], 3),
         "steps_per_second": {k: round(a.steps / v, 3) for k, v in med.items()},
+        "child_start_seconds": starts,
     }, indent=2))
+
+
+def _child_starts(root: Path, n: int = 5) -> dict[str, float]:
+    """Median wall time of starting a child that imports the package's settings and exits, plain and isolated."""
+    from evotrainer.trainer.sandbox import Isolation, Limits, run_module
+
+    out = {}
+    for name, iso in (("plain", None), ("isolated", Isolation(write=[str(root / "start")]))):
+        seconds = []
+        for _ in range(n):
+            t = time.perf_counter()
+            res = run_module("evotrainer.settings", [], cwd=root, log_path=root / "start.log",
+                             limits=Limits(timeout_s=60), isolation=iso)
+            seconds.append(time.perf_counter() - t)
+            if not res.ok:
+                sys.exit(f"child start failed: {res.message}")
+        out[name] = round(statistics.median(seconds), 3)
+    return out
 
 
 if __name__ == "__main__":
