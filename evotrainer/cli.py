@@ -17,6 +17,7 @@ from rich.table import Table
 from evotrainer.agents import llm
 from evotrainer.errors import UserError
 from evotrainer.settings import apply_offline_switches
+from evotrainer.trainer.sandbox import isolation_mode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="EvoTrainer: co-evolve an LLM policy and its RL training harness.")
@@ -395,7 +396,8 @@ def run(
     if (directory / "run.yaml").is_file():
         raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
                         "choose a new directory")
-    # an unreachable endpoint or a missing key: before anything exists
+    # an unreachable endpoint, a missing key, no way to isolate harness code: before anything exists
+    isolation_mode()
     meta = _meta_policy(meta_llm, api_base, cost, llm_timeout, llm_retries)
     ws = open_run(directory, domain=domain, budget=budget, meta_llm=meta_llm, api_base=api_base,
                   skills=str(skills.resolve()) if skills else None, checkpoint=str(checkpoint) if checkpoint else None,

@@ -29,6 +29,7 @@ from evotrainer.graph.events import EventLog
 from evotrainer.graph.nodes import Loop
 from evotrainer.graph.state import SERIALIZED, LoopState
 from evotrainer.memory.store import SkillStore
+from evotrainer.trainer.sandbox import isolation_mode
 from evotrainer.workspaces.run import LoopConfig, RunWorkspace
 
 THREAD = {"configurable": {"thread_id": "evotrainer"}}
@@ -123,7 +124,8 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None =
                 raise UserError(f"run {ws.path} has already started: continue it with `evotrainer resume {ws.path}`")
             if not fresh and not snapshot.values:
                 raise UserError(f"run {ws.path} has no checkpoint to resume from: start it with `evotrainer run`")
-            events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed)
+            events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed,
+                        isolation=isolation_mode())  # refuses here, before any work, where bwrap is missing
             started = time.time()
             if fresh or snapshot.next:
                 graph.invoke(LoopState() if fresh else None, config, durability="sync")

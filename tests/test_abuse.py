@@ -21,8 +21,10 @@ import pytest
 from evotrainer.trainer import jobs
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.grpo import TrainSpec
-from evotrainer.trainer.sandbox import Limits, sealed_dirs
+from evotrainer.trainer.sandbox import IsolationError, Limits, sealed_dirs
 from evotrainer.workspaces import TEMPLATES
+
+from .conftest import run_cli
 
 SECRET = "sk-evo-abuse-0123456789"
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -272,3 +274,15 @@ def correctness(prompts, completions, answer, fmt, **kw):
     assert not list(root.rglob("rollouts-9999999.parquet"))
     ckpt = root / "checkpoints" / "ck"
     assert not (ckpt / "evals").exists() and json.loads((ckpt / "meta.json").read_text())["isolation"] == "bwrap"
+
+
+def test_without_bubblewrap_harness_code_is_refused_unless_the_user_opts_out(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no bwrap on it
+    monkeypatch.delenv("EVOTRAINER_UNSAFE_NO_ISOLATION", raising=False)
+    h = _harness(tmp_path)
+    with pytest.raises(IsolationError, match="bubblewrap .* EVOTRAINER_UNSAFE_NO_ISOLATION=1"):
+        jobs.validate_harness(h, tmp_path / "work")
+    proc = run_cli("run", str(tmp_path / "run"), "--json")
+    assert proc.returncode == 2 and "bubblewrap" in proc.stderr and not (tmp_path / "run").exists()
+    monkeypatch.setenv("EVOTRAINER_UNSAFE_NO_ISOLATION", "1")
+    assert jobs.validate_harness(h, tmp_path / "work") == []

@@ -50,6 +50,24 @@ ATTACKS = {
     "8gb": "_got = len(bytearray(8 * 1024 ** 3))",
     "huge-stdout": "import sys\nfor _ in range(100_000):\n    sys.stdout.write('y' * 300 + '\\n')\n_got = None",
 }
+# Attacks that pass validation and strike in training (short runs): each edit is (path, search, replace).
+FORGE = ("def _forge():\n"
+         "    import os\n"
+         "    import pyarrow as pa, pyarrow.parquet as pq\n"
+         "    for d in ('{run}/evidence', '{run}/evidence/g1/main', '{run}/backtests', '.'):\n"
+         "        try:\n"
+         "            pq.write_table(pa.table({{'correct': [True]}}), os.path.join(d, 'rollouts-9999999.parquet'))\n"
+         "        except OSError:\n"
+         "            pass\n\n\n")
+TRAIN_ATTACKS = {
+    # a filter that turns a train row into a test item
+    "filter-smuggle": [("filters.py", "def drop_level(", "def smuggle(rows):\n"
+                        "    return [dict(rows[0], prompt='150+337=', answer='487')] + rows[1:]\n\n\ndef drop_level("),
+                       ("harness.yaml", "\nfilters: []", "\nfilters: [smuggle]")],
+    # reward code that plants evidence rows marked correct wherever it can write
+    "forge-correct": [("rewards.py", "def answer_format(prompts, completions, fmt, **kwargs):\n",
+                       FORGE + "def answer_format(prompts, completions, fmt, **kwargs):\n    _forge()\n")],
+}
 REWARD_ATTACKS = {  # not at import: the reward itself misbehaves (validation calls it on a sample batch)
     "nan-reward": "def correctness(prompts, completions, **kw):\n    return [float('nan')] * len(completions)",
     "inf-reward": "def correctness(prompts, completions, **kw):\n    return [float('inf')] * len(completions)",
@@ -85,7 +103,7 @@ class Meta(BaseHTTPRequestHandler):
         user = "\n".join(m["content"] for m in body["messages"] if m["role"] != "system")
         agent = next((a for a in ("diagnoser", "planner", "coder", "critic") if f"You are the {a.title()}" in system),
                      "preflight")
-        names = [*ATTACKS, *REWARD_ATTACKS]
+        names = [*ATTACKS, *REWARD_ATTACKS, *TRAIN_ATTACKS]
         if agent == "diagnoser":
             content = json.dumps({"generation": 1, "summary": "the reward could be richer", "bottlenecks": []})
         elif agent == "planner":
@@ -96,11 +114,15 @@ class Meta(BaseHTTPRequestHandler):
         elif agent == "coder":
             name = next(n for n in names if f"reward.{n}\"" in user)
             Meta.coder_calls[name] = Meta.coder_calls.get(name, 0) + 1
-            anchor = "def answer_format(" if name in REWARD_ATTACKS else "import re\n"
-            content = json.dumps({"message": f"add {name}", "edits": [
-                {"path": "rewards.py", "search": anchor,
-                 "replace": anchor.replace("def", _payload(name, Meta.run, Meta.port) + "def") if name in
-                 REWARD_ATTACKS else anchor + "\n" + _payload(name, Meta.run, Meta.port)}]})
+            if name in TRAIN_ATTACKS:
+                edits = [{"path": p, "search": a, "replace": b.format(run=Meta.run)} for p, a, b in TRAIN_ATTACKS[name]]
+            elif name in REWARD_ATTACKS:
+                edits = [{"path": "rewards.py", "search": "def answer_format(",
+                          "replace": _payload(name, Meta.run, Meta.port) + "def answer_format("}]
+            else:
+                edits = [{"path": "rewards.py", "search": "import re\n",
+                          "replace": "import re\n\n" + _payload(name, Meta.run, Meta.port)}]
+            content = json.dumps({"message": f"add {name}", "edits": edits})
         elif agent == "critic":
             content = json.dumps({"branch": "x", "decision": "promote", "reasons": ["looks great"], "lesson": "none"})
         else:
@@ -129,7 +151,7 @@ def test_hostile_candidates_through_the_loop(tiny_policy, tmp_path, monkeypatch)
     Meta.run, Meta.port, Meta.requests, Meta.coder_calls = run, srv.server_address[1], [], {}
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        names = [*ATTACKS, *REWARD_ATTACKS]
+        names = [*ATTACKS, *REWARD_ATTACKS, *TRAIN_ATTACKS]
         proc = run_cli("run", str(run), "--checkpoint", str(tiny_policy), "--skills", str(tmp_path / "skills"),
                        "--generations", "1", "--candidates", str(len(names)), "--meta-llm", "openai/hostile",
                        "--api-base", f"http://127.0.0.1:{Meta.port}/v1", "--llm-cost", "1,1",
@@ -153,7 +175,21 @@ def test_hostile_candidates_through_the_loop(tiny_policy, tmp_path, monkeypatch)
     for n in REWARD_ATTACKS:
         assert repairs[n] and all("non-finite" in r for r in repairs[n]), (n, repairs[n])
     assert not Meta.requests, f"harness code reached the orchestrator's server: {Meta.requests}"
-    assert json.loads(run_cli("branches", str(run), "--json").stdout) == []  # nothing implemented, nothing promoted
+    # the two that passed validation were implemented, trained in short runs, and rejected with their reason
+    branches = {b["branch"].rsplit("-", 2)[-2] + "-" + b["branch"].rsplit("-", 1)[-1]: b
+                for b in json.loads(run_cli("branches", str(run), "--json").stdout)}
+    assert set(branches) == set(TRAIN_ATTACKS) and all(b["status"] != "promoted" for b in branches.values())
+    assert "not an unmodified train row" in branches["filter-smuggle"]["reason"], branches["filter-smuggle"]
+    from evotrainer.trainer.domains import get_domain
+    from evotrainer.trainer.evidence import read_rollouts
+
+    rows = read_rollouts(run / "evidence").to_pandas()
+    assert (rows["branch"] != "main").any()  # the forger's short-run arms are there
+    math = get_domain("math")
+    tasks = [json.loads(t) for t in rows["task"]]
+    assert rows["correct"].tolist() == [math.score(c, t["answer"], t["fmt"]) for c, t in zip(rows["completion"],
+                                                                                             tasks)]
+    assert not list(run.rglob("rollouts-9999999.parquet"))
 
     # nothing it aimed at changed or appeared
     assert _sealed_hashes() == sealed and _package_status() == status

@@ -217,8 +217,9 @@ def grade_evidence(spec: TrainSpec, domain, tasks: dict) -> int:
     sealed_cols = {"correct", "formatted", *getattr(domain, "evidence_columns", ())}
     prefix = f"{branch_dir(spec.evidence_tag)}-" if spec.evidence_tag else ""
     n = 0
-    for path in sorted(raw.glob(f"steps-{prefix}[0-9]*.parquet")):
-        dest.steps = pq.read_table(path).to_pylist()
+    for path in sorted(raw.glob(f"steps-{prefix}[0-9]*.parquet")):  # per-step aggregates: no sealed column
+        for row in pq.read_table(path).to_pylist():
+            dest.add_step(row)
         dest.flush(int(path.stem.rsplit("-", 1)[1]))
     for path in sorted(raw.glob(f"rollouts-{prefix}[0-9]*.parquet")):
         rows = [{k: v for k, v in r.items() if k not in sealed_cols} for r in pq.read_table(path).to_pylist()]
