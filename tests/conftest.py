@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,21 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> sub
 
 def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+def chat_completion(content: str, *, model: str = "m", prompt_tokens: int = 10, completion_tokens: int = 10) -> bytes:
+    """The body of an OpenAI chat-completions reply carrying `content` (for the local test servers)."""
+    return json.dumps({"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
+                       "model": model, "choices": [{"index": 0, "finish_reason": "stop",
+                                                    "message": {"role": "assistant", "content": content}}],
+                       "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                                 "total_tokens": prompt_tokens + completion_tokens}}).encode()
+
+
+def send_json(handler, data: bytes, status: int = 200) -> None:
+    """Answer a request of an `http.server` handler with a JSON body."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from evotrainer.graph.events import EventLog
 
-from .conftest import last_json, run_cli
+from .conftest import chat_completion, last_json, run_cli, send_json
 from .test_abuse import PACKAGE, SECRET, _package_status, _sealed_hashes
 
 pytestmark = pytest.mark.slow
@@ -127,15 +126,7 @@ class Meta(BaseHTTPRequestHandler):
             content = json.dumps({"branch": "x", "decision": "promote", "reasons": ["looks great"], "lesson": "none"})
         else:
             content = "OK"
-        out = {"id": "c", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
-               "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-               "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, chat_completion(content, model=body["model"]))
 
 
 def _git(run: Path, *args: str) -> str:

@@ -22,7 +22,7 @@ from evotrainer.agents.llm_policy import LLMPolicy, _quote
 from evotrainer.agents.schemas import Diagnosis, Intervention, Sample, Verdict
 from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult
 
-from .conftest import run_cli
+from .conftest import chat_completion, run_cli, send_json
 
 MODEL = "openai/local-test"  # an OpenAI-compatible provider string; api_base points it at the local server
 IV = Intervention(id="g1-x", hypothesis="If x, dev improves", factor="recipe.x", change="x")
@@ -49,18 +49,9 @@ def openai_server(reply: Callable[[dict], str | tuple[int, str]]) -> Iterator[tu
             seen.append(body)
             out = reply(body)
             if isinstance(out, tuple):
-                status, data = out[0], out[1].encode()
+                send_json(self, out[1].encode(), out[0])
             else:
-                message = {"role": "assistant", "content": out}
-                status, data = 200, json.dumps({
-                    "id": "chatcmpl-1", "object": "chat.completion", "created": int(time.time()), "model": "m",
-                    "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20}}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                send_json(self, chat_completion(out))
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -8,14 +8,13 @@ import json
 import os
 import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from evotrainer.graph.events import EventLog
 
-from .conftest import last_json, run_cli
+from .conftest import chat_completion, last_json, run_cli, send_json
 
 DIAGNOSIS = {"generation": 1, "summary": "groups are dead and answers unreadable: too little signal per group",
              "bottlenecks": [{"title": "dead groups", "findings": ["dead_groups:dead_group_ratio"],
@@ -54,17 +53,8 @@ class ScriptedOpenAI(BaseHTTPRequestHandler):
         replies = SCRIPT[agent]
         content = replies[min(n, len(replies) - 1)]
         prompt_chars = sum(len(m["content"]) for m in body["messages"])
-        out = {"id": f"chatcmpl-{agent}-{n}", "object": "chat.completion", "created": int(time.time()),
-               "model": body["model"], "choices": [{"index": 0, "finish_reason": "stop",
-                                                    "message": {"role": "assistant", "content": content}}],
-               "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(content) // 4,
-                         "total_tokens": prompt_chars // 4 + len(content) // 4}}
-        data = json.dumps(out).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, chat_completion(content, model=body["model"], prompt_tokens=prompt_chars // 4,
+                                        completion_tokens=len(content) // 4))
 
 
 @pytest.fixture
