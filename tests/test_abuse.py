@@ -41,7 +41,7 @@ def _package_status() -> str:
 
 
 @pytest.fixture
-def guarded(tmp_path, monkeypatch):
+def guarded(tmp_path, monkeypatch, cache_dir):  # cache_dir: the policy cache is the session's, never the user's
     """The orchestrator holds a secret; afterwards nothing sealed changed and the secret is nowhere on disk."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     monkeypatch.delenv("EVOTRAINER_UNSAFE_NO_ISOLATION", raising=False)
