@@ -144,6 +144,11 @@ def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
                                     "env": {**asdict(env), "tools": list(env.tools)} if env else None})
     spec_path = work_dir / "specs" / f"train-{spec.checkpoint_id}.json"
     _write_spec(child, spec_path)
+    start = Path(spec.checkpoint)
+    if (start / "meta.json").is_file() and os.access(start, os.W_OK):
+        # ours (evaluate caches here): the cache folder exists before the child starts, so its mask holds even
+        # when an evaluation of the same policy writes its first result while the child trains
+        (start / "evals").mkdir(exist_ok=True)
     iso = Isolation(read=[spec.harness_dir, spec.checkpoint, str(spec_path), str(rows_path)],
                     write=[str(child_dir(spec))])
     return TrainingJob(spec_path, iso, domain, {t.id: t for t in tasks})

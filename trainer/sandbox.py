@@ -155,12 +155,13 @@ def bwrap_prefix(iso: Isolation, *, cwd: str | Path, network: bool = False) -> l
 @lru_cache(maxsize=1)
 def _netns_prefix() -> tuple[str, ...]:
     """The command prefix that puts a child in an empty network namespace here, or () where none works."""
-    if not shutil.which("unshare"):
+    unshare = shutil.which("unshare")  # absolute: the answer is cached, the PATH of a later call may differ
+    if not unshare:
         return ()
     for flags in ("-n", "-rn"):  # as root; else through a user namespace
         try:
-            if subprocess.run(["unshare", flags, "true"], capture_output=True, timeout=10).returncode == 0:
-                return ("unshare", flags, "--")
+            if subprocess.run([unshare, flags, "true"], capture_output=True, timeout=10).returncode == 0:
+                return (unshare, flags, "--")
         except (OSError, subprocess.TimeoutExpired):
             pass
     return ()
