@@ -258,15 +258,19 @@ def backtest(
     = None,
     generation: Annotated[int | None, typer.Option(help="replay the champion line's rollouts of this generation")]
     = None,
+    no_screen: Annotated[bool, typer.Option("--no-screen", help="run the short runs even when the replay fails a "
+                                                                 "gate")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Backtest a candidate: replay on stored rollouts, then short runs against the champion (paired, sequential)."""
+    """Backtest a candidate: replay on stored rollouts (a gate it fails ends the backtest there, unless --no-screen),
+    then short runs against the champion (paired, sequential)."""
     from evotrainer.trainer.backtest import ShortRunConfig
     from evotrainer.trainer.backtest import backtest as run_backtest
 
     cfg = ShortRunConfig(steps=steps, seeds=seeds, max_seeds=max(max_seeds or seeds + 2, seeds), dev_items=dev_items)
     with progress_display(not as_json) as feed:
-        result = run_backtest(run, branch, replay_only=replay_only, cfg=cfg, generation=generation, on_progress=feed)
+        result = run_backtest(run, branch, replay_only=replay_only, cfg=cfg, generation=generation, on_progress=feed,
+                              screen=not no_screen)
     if as_json:
         print(result.model_dump_json())
         return

@@ -186,6 +186,13 @@ def test_promotion_rule():
     assert judge(dead, lowered, ablation).decision == "promote"
     assert judge(dead, replay_only, ablation).decision == "reject"  # unchanged dead ratio
     assert judge(IV, lowered, ablation).decision == "reject"  # dev accuracy: not something a replay measures
+    # a gate vetoes in every decision path, whatever else argues for promotion: replay-only with the metric moved,
+    # a significantly positive dev interval, a repair of the champion's own failed gate
+    gated_replay = lowered.model_copy(update={"failed_gates": ["replay_agreement"]})
+    assert judge(dead, gated_replay, ablation).decision == "reject"
+    assert judge(IV, _backtest(0.2, 0.15, 0.25, gates=["replay_agreement"]), rule).decision == "reject"
+    assert judge(IV, _backtest(0.2, 0.15, 0.25, gates=["shaped_vs_sealed"], control_gates=["leak_usage"],
+                               start=(0.2, 0.15, 0.25)), rule).decision == "reject"
     # validity first: a repair is chosen over a candidate with a higher lower bound
     both = choose([judge(IV, _backtest(0.05, 0.02, 0.08, branch="score"), rule),
                    ahead.model_copy(update={"branch": "fix"})], rule)

@@ -92,7 +92,9 @@ def test_replay_of_a_reward_bug_trips_the_agreement_gate(run):
 def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(run):
     """Planted scenario 1: train reward rises, the sealed correct rate does not, the divergence gate fires."""
     branch = _candidate(run, 1, "lenient parser short", {"rewards.py": BUG})
-    res = backtest(run.path, branch, cfg=FAST)
+    screened = backtest(run.path, branch, cfg=FAST, write=False)  # the replay gates it: no short run is spent
+    assert "replay_agreement" in screened.failed_gates and screened.short_run is None
+    res = backtest(run.path, branch, cfg=FAST, screen=False)
     s = res.short_run
     cand = [a for a in s.arms if a.role == "candidate"][0]
     ctrl = [a for a in s.arms if a.role == "control"][0]

@@ -640,8 +640,10 @@ def train_controls(run_dir: str | Path, generation: int, cfg: ShortRunConfig, se
 
 
 def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg: ShortRunConfig | None = None,
-             generation: int | None = None, on_progress=None, write: bool = True) -> BacktestResult:
-    """Replay and (unless `replay_only`) short-run backtest of one candidate branch of a run.
+             generation: int | None = None, on_progress=None, write: bool = True, screen: bool = True
+             ) -> BacktestResult:
+    """Replay and (unless `replay_only`) short-run backtest of one candidate branch of a run. With `screen`, the
+    replay runs first where the champion line has stored rollouts, and a candidate it gates gets no short run.
 
     The result is written to reports/backtest-<branch>.json and .md only when every part succeeded; any
     failure (missing branch, no evidence, a crashing candidate) raises one UserError and writes nothing.
@@ -673,15 +675,17 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
     if replay_only and source is None:
         raise UserError(f"run {ws.path} has no stored rollouts of the champion line to replay on: train it first, "
                         "or drop --replay-only so the short run's control provides them")
+    label = f"replay of {branch}"
+    # the replay first where there are stored rollouts to replay: a candidate it gates costs no short run
+    replay_result = run_replay(cand_dir, evidence, source[0], source[1], thresholds, ws.path, label) \
+        if source is not None else None
     short, start = None, ws.champion_checkpoint()
-    if not replay_only:
+    if not replay_only and not (screen and replay_result and replay_result.failed_gates):
         start = ws.starting_policy(on_progress("warm-up (SFT, cached)") if on_progress else None)
         short = short_run(ws, branch, commit, cand_dir, champ_commit, champ_dir, gen, start, cfg, thresholds,
                           on_progress)
-        if source is None:  # the control arms are the champion harness's rollouts from the champion policy
-            source = (gen, ["control"])
-    label = f"replay of {branch}"
-    replay_result = run_replay(cand_dir, evidence, source[0], source[1], thresholds, ws.path, label)
+    if replay_result is None:  # the control arms are the champion harness's rollouts from the champion policy
+        replay_result = run_replay(cand_dir, evidence, gen, ["control"], thresholds, ws.path, label)
     gates = sorted(set(replay_result.failed_gates) | set(short.failed_gates if short else []))
     result = BacktestResult(run=str(ws.path), branch=branch, commit=commit, champion_commit=champ_commit,
                             generation=gen, start_checkpoint=str(start) if start else None, replay=replay_result,
