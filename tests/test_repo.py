@@ -35,6 +35,14 @@ def test_init_tags_gen0_and_needs_no_global_identity(tmp_path, monkeypatch):
     assert (repo.path / "harness.yaml").is_file() and (repo.path / "rewards.py").is_file()
 
 
+def test_init_from_a_relative_path(tmp_path, monkeypatch):
+    """`evotrainer run runs/demo` hands a relative path: the repository is made there, not nested inside it."""
+    monkeypatch.chdir(tmp_path)
+    repo = HarnessRepo.init_from_template(Path("runs") / "demo" / "harness", "math")
+    assert repo.path == tmp_path / "runs" / "demo" / "harness" and (repo.path / ".git").is_dir()
+    assert not (repo.path / "runs").exists() and _git(repo.path, "tag").split() == ["gen-0"]
+
+
 def test_concurrent_candidates_promote_reject_and_lineage_agree(tmp_path):
     repo = HarnessRepo.init_from_template(tmp_path / "h", "math")
     wts = str(tmp_path / "worktrees")

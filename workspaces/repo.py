@@ -191,7 +191,7 @@ class HarnessRepo:
         if not template.is_dir():
             known = sorted(p.name for p in TEMPLATES.iterdir() if p.is_dir())
             raise UserError(f"no harness template for domain {domain!r}: templates exist for {', '.join(known)}")
-        path = Path(path)
+        path = Path(path).resolve()  # git runs with this as its working directory: a relative path would nest
         with _user_errors(f"cannot create the harness repository {path}"):
             skip = shutil.ignore_patterns("__pycache__", "*.pyc")
             shutil.copytree(template, path, ignore=skip, dirs_exist_ok=True)
