@@ -289,11 +289,8 @@ def train(spec: TrainSpec) -> dict:
 
     multi_turn = {}
     if spec.env is not None:  # episodes in the harness's tool environment (env.py)
-        from evotrainer.trainer.swe_env import EnvConfig
-
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        base = EnvConfig(**{**spec.env, "tools": tuple(spec.env["tools"])})
-        multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, base), args)
+        multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, spec.env), args)
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,

@@ -128,11 +128,13 @@ def load_group_filters(harness_dir: str | Path, spec: HarnessSpec) -> list:
     return out
 
 
-def load_env_config(harness_dir: str | Path, base):
+def load_env_config(harness_dir: str | Path, sealed: dict):
     """The tool environment a multi-turn harness trains in: `env.py`'s TOOLS, MAX_TURNS, MAX_CONTEXT and
-    MAX_ACTION_TOKENS over `base`, the domain's sealed environment (absent names keep it). Child processes only."""
+    MAX_ACTION_TOKENS over `sealed`, the domain's sealed environment as the parent wrote it (`EnvConfig` fields;
+    absent names keep it). Child processes only."""
     from evotrainer.trainer.swe_env import EnvConfig
 
+    base = EnvConfig(**{**sealed, "tools": tuple(sealed["tools"])})
     path = Path(harness_dir) / "env.py"
     if not path.is_file():
         return base
@@ -198,9 +200,7 @@ def check_harness(harness_dir: str | Path, batch: dict, env: dict | None = None)
     problems: list[str] = []
     try:
         if env is not None:
-            from evotrainer.trainer.swe_env import EnvConfig
-
-            load_env_config(harness_dir, EnvConfig(**{**env, "tools": tuple(env["tools"])}))
+            load_env_config(harness_dir, env)
         funcs = load_reward_functions(harness_dir, spec)
         load_filters(harness_dir, spec)
         group_filters = load_group_filters(harness_dir, spec)

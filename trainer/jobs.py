@@ -118,6 +118,12 @@ def prompts_needed(spec: TrainSpec, knobs: dict) -> int:
     return max(spec.steps * batch // knobs.get("num_generations", 8), 1000)
 
 
+def _sealed_env(domain) -> dict | None:
+    """A multi-turn domain's sealed tool environment as data for a child (`harness.load_env_config` reads it)."""
+    env = getattr(domain, "sealed_env", None)
+    return {**asdict(env), "tools": list(env.tools)} if env else None
+
+
 class TrainingJob(NamedTuple):
     """A training child ready to start: its spec file, its view, and what the parent grades with afterwards."""
 
@@ -139,9 +145,7 @@ def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
     rows_path = work_dir / "specs" / f"train-{spec.checkpoint_id}.rows.json"
     rows_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(rows_path, json.dumps([t.row(sealed) for t in tasks]))
-    env = getattr(domain, "sealed_env", None)
-    child = spec.model_copy(update={"rows_path": str(rows_path),
-                                    "env": {**asdict(env), "tools": list(env.tools)} if env else None})
+    child = spec.model_copy(update={"rows_path": str(rows_path), "env": _sealed_env(domain)})
     spec_path = work_dir / "specs" / f"train-{spec.checkpoint_id}.json"
     _write_spec(child, spec_path)
     start = Path(spec.checkpoint)
@@ -262,13 +266,11 @@ def validate_harness(harness_dir: str | Path, work_dir: Path, *, label: str | No
     except UserError as e:
         return [f"{label}: {e}"]
     check_sealed(domain)  # the sealed side must be intact before anything is judged
-    env = getattr(domain, "sealed_env", None)
     stamp = f"{harness_dir.name}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     specs = work_dir / "specs"
     batch_path, out = specs / f"validate-{stamp}.batch.json", specs / f"validate-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(batch_path, json.dumps({"batch": sample_batch(domain),
-                                              "env": {**asdict(env), "tools": list(env.tools)} if env else None}))
+    atomic_write_text(batch_path, json.dumps({"batch": sample_batch(domain), "env": _sealed_env(domain)}))
     log = work_dir / "logs" / f"validate-{harness_dir.name}.log"
     try:
         res = run_module("evotrainer.trainer.harness", [str(harness_dir), str(batch_path), str(out / "result.json")],
