@@ -190,7 +190,7 @@ def test_the_probe_finds_what_an_unisolated_child_reaches(guarded, listener, mon
 ])
 def test_runaway_harness_code_is_stopped_with_a_reason(guarded, name, code, expect):
     root = guarded
-    problems = jobs.validate_harness(_harness(root, code), root / "work", limits=Limits(timeout_s=20, memory_mb=2048))
+    problems = jobs.validate_harness(_harness(root, code), root / "work", limits=Limits(timeout_s=5, memory_mb=2048))
     assert len(problems) == 1 and any(e in problems[0] for e in expect), (name, problems)
 
 

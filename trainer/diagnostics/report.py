@@ -8,6 +8,7 @@ harness code can add a finding, never remove or change a built-in one.
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -143,8 +144,6 @@ def health_report(path: str | Path, generation: int | None = None, branch: str |
                        isolation=Isolation(read=[str(harness_dir), str(root), str(spec_path)], write=[str(out)]))
         own = HealthReport.model_validate_json(Path(child.result_path).read_text())
     finally:
-        import shutil
-
         shutil.rmtree(out, ignore_errors=True)
     findings = report.findings + own.findings
     return report.model_copy(update={"findings": findings, "failed_gates": sorted({f.analyzer for f in findings
