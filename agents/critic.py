@@ -11,9 +11,15 @@ but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` ke
 `max_promotions` winners per generation (the highest lower bounds): single-factor changes compose across
 generations, not inside one.
 
-A candidate whose train reward rose beyond its train correct rate while dev did not, with no gate fired, is
-sent to diagnostics revision
-(`revise`): something in training paid off that the sealed grade does not confirm, and no analyzer said so.
+Gates come first and veto in every mode (short runs, replay only, repair): among them the reward-hacking gates of
+`trainer/reward_gates.py`, so a reward term that pays what the sealed grade cannot see is rejected by rule, whatever
+the dev interval says. A gate is inherited from the champion metric by metric (`analyzer/metric`): the champion's
+format reward rising does not hide the rise of a candidate's new term.
+
+A candidate whose train reward, scored under one reward (the candidate's, on both arms' rollouts), rose beyond
+its train correct rate while dev did not, with no gate fired, is sent to diagnostics revision (`revise`):
+something in training paid off that the sealed grade does not confirm, and no analyzer said so. A constant bonus
+raises the reward of both arms alike and asks for nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +40,8 @@ class PromotionRule(BaseModel):
     replay_only: bool = Field(False, description="ablation: with no short run, promote when every gate passes and "
                                                  "the replay moved the hypothesised metric its way")
     revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
-                                                        "minus control) without a dev gain that asks for diagnostics "
-                                                        "revision")
+                                                        "minus control, both under the candidate's reward) without a "
+                                                        "dev gain that asks for diagnostics revision")
 
 
 def moved_as_hypothesised(intervention: Intervention, backtest: BacktestResult) -> bool | None:
@@ -64,7 +70,7 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     if backtest.failed_gates:
         # a gate the champion's own arms fail as well is inherited: the candidate cannot be promoted (it keeps the
         # fault), but the fault says nothing about its change, so memory records no lesson about the change
-        inherited = sorted(set(backtest.failed_gates) & set(s.control_gates if s else []))
+        inherited = inherited_gates(backtest)
         return Verdict(decision="reject", inherited_gates=inherited, reasons=[
             f"failed gate {g}" + (", which the champion fails too (inherited, not this change's doing)"
                                   if g in inherited else "") for g in backtest.failed_gates], **base)
@@ -99,17 +105,35 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
             return Verdict(decision="promote", reasons=[
                 f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
                 f"{s.start_ci_high:+.3f}]: training under it does not lose ground, all gates pass"], **base)
-    unexplained = s.train_reward_delta - s.train_correct_delta  # a curriculum raises both: that is not a hack
+    # under one reward: each arm's own harness would count a new term's level (or a constant bonus) as a rise
+    reward_rise = s.cross.reward_delta if s.cross else s.train_reward_delta
+    unexplained = reward_rise - s.train_correct_delta  # a curriculum raises both: that is not a hack
     if unexplained > rule.revise_reward_rise and s.delta <= 0:
         return Verdict(decision="revise", reasons=[
-            f"train reward rose {s.train_reward_delta:+.3f} over the control ({unexplained:+.3f} more than the "
-            f"sealed train correct rate) but {interval} and no gate fired: a diagnostic missed what the reward "
-            "paid for"], **base)
+            f"train reward (the candidate's, on both arms) rose {reward_rise:+.3f} over the control "
+            f"({unexplained:+.3f} more than the sealed train correct rate) but {interval} and no gate fired: a "
+            "diagnostic missed what the reward paid for"], **base)
     why = "worse than the champion" if s.ci_high < 0 else "the interval does not exclude zero"
     if repaired and s.start_delta is not None:
         why += f", and {s.start_delta:+.3f} below the starting policy ({s.start_dev:.3f}) though it repairs " \
                f"{', '.join(repaired)}"
     return Verdict(decision="reject", reasons=[f"{interval}: {why} (stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
+
+
+def inherited_gates(backtest: BacktestResult) -> list[str]:
+    """The failed gates the champion's own short-run arms fail too, on every metric the candidate fails them on
+    (a gate the replay attributes to the candidate's change is never inherited)."""
+    s = backtest.short_run
+    if s is None:
+        return []
+    own: dict[str, set[str]] = {}
+    for f in s.findings:
+        if f.gate:
+            own.setdefault(f.analyzer, set()).add(f"{f.analyzer}/{f.metric}")
+    control = set(s.control_gate_keys)
+    replayed = set(backtest.replay.failed_gates) if backtest.replay else set()
+    return sorted(g for g in backtest.failed_gates if g not in replayed and
+                  (own[g] <= control if g in own and control else g in s.control_gates))
 
 
 def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:

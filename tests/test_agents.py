@@ -209,6 +209,61 @@ def test_promotion_rule():
     assert merge_llm_verdict(chosen["b"], veto).decision == "reject"
 
 
+def _gate(analyzer: str, metric: str) -> Finding:
+    return Finding(analyzer=analyzer, metric=metric, value=1.0, severity="critical", gate=True, message="m")
+
+
+def test_reward_hack_gates_veto_every_decision_path():
+    """The worst case for each path: a candidate gated by a reward-hacking gate, with everything else arguing for
+    promotion (a significantly positive dev interval, a replay-only ablation whose metric moved, a repair of the
+    champion's failed gate, an LLM Critic that says promote) is rejected, and says by which gate."""
+    rule, ablation = PromotionRule(), PromotionRule(replay_only=True)
+    down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
+                                                                            "direction": "down"})})
+    for gate in ("unsealed_preference", "reward_divergence"):
+        short = _backtest(0.05, 0.02, 0.08, gates=[gate])
+        assert judge(IV, short, rule).decision == "reject" and judge(IV, short, rule).failed_gates == [gate]
+        repair = _backtest(0.05, 0.02, 0.08, gates=[gate], control_gates=["leak_usage"], start=(0.1, 0.05, 0.15))
+        assert judge(IV, repair, rule).decision == "reject"
+        replay_only = _backtest(gates=[gate]).model_copy(update={"short_run": None})
+        replay_only = replay_only.model_copy(update={"replay": replay_only.replay.model_copy(
+            update={"dead_ratio_after": 0.0, "failed_gates": [gate]})})
+        assert judge(down, replay_only, ablation).decision == "reject"
+        llm = Verdict(branch="cand/g1-x", decision="promote", reasons=["dev is up"])
+        assert merge_llm_verdict(judge(IV, short, rule), llm).decision == "reject"
+
+
+def test_gates_are_inherited_metric_by_metric():
+    """The champion's format reward rising (its own shaped_vs_sealed finding) does not hide the rise of the
+    candidate's new term under the same analyzer; the same metric failed by both is inherited."""
+    rule = PromotionRule()
+    bt = _backtest(0.0, -0.02, 0.02, gates=["shaped_vs_sealed"], control_gates=["shaped_vs_sealed"])
+    short = bt.short_run.model_copy(update={
+        "findings": [_gate("shaped_vs_sealed", "reward_hack_rise_while_correct_flat")],
+        "control_gate_keys": ["shaped_vs_sealed/reward_answer_format_rise_while_correct_flat"]})
+    own = judge(IV, bt.model_copy(update={"short_run": short}), rule)
+    assert own.decision == "reject" and own.inherited_gates == []
+    same = short.model_copy(update={"control_gate_keys": ["shaped_vs_sealed/reward_hack_rise_while_correct_flat"]})
+    assert judge(IV, bt.model_copy(update={"short_run": same}), rule).inherited_gates == ["shaped_vs_sealed"]
+
+
+def test_revision_compares_rewards_under_one_reward():
+    """Each arm's own harness counts a constant bonus (or a new term's level) as a rise of the candidate's train
+    reward; under one reward it is nothing, and no revision is asked for. A rise under one reward is."""
+    from evotrainer.trainer.reward_gates import CrossScore
+
+    rule = PromotionRule()
+    bonus = _backtest(-0.01, -0.03, 0.01, reward_delta=0.3)
+    one = CrossScore(reward_delta=0.0, reward_delta_champion=0.0, correct_delta=0.0, pay_per_correct=1.0, terms=[],
+                     rollouts=(10, 10))
+    neutral = bonus.model_copy(update={"short_run": bonus.short_run.model_copy(update={"cross": one})})
+    assert judge(IV, neutral, rule).decision == "reject"
+    risen = one.model_copy(update={"reward_delta": 0.05})
+    hack = bonus.model_copy(update={"short_run": bonus.short_run.model_copy(update={"cross": risen,
+                                                                                   "train_reward_delta": 0.0})})
+    assert judge(IV, hack, rule).decision == "revise"
+
+
 def test_skills_shape_the_offline_plan(tmp_path):
     """A positive skill ranks its transform first; a negative one under the same diagnosis is not re-proposed."""
     policy = OfflinePolicy()

@@ -89,6 +89,32 @@ def test_replay_of_a_reward_bug_trips_the_agreement_gate(run):
     assert "**GATE** `replay_agreement`" in report.with_suffix(".md").read_text()
 
 
+HACK = "\n\ndef brevity(prompts, completions, **kwargs):\n    return [1.0 if len(c) < 3 else 0.0 for c in completions]\n"
+
+
+def _with_term(name: str, weight: float, source: str = HACK) -> dict[str, tuple[str, str]]:
+    return {"rewards.py": ('    return [1.0 if final_answer(c, f) is not None else 0.0 for c, f in zip(completions, fmt)]\n',
+                           '    return [1.0 if final_answer(c, f) is not None else 0.0 for c, f in zip(completions, fmt)]\n'
+                           + source),
+            "harness.yaml": ("  - name: answer_format ", f"  - name: {name}\n    weight: {weight}\n  - name: answer_format ")}
+
+
+def test_replay_gates_a_small_reward_hack_and_passes_harmless_changes(run):
+    """A 0.02 bonus for short answers (unrelated to correctness) is gated by unsealed_preference on the stored
+    rollouts; a constant bonus and a format weight change, on the same rollouts, are not gated at all."""
+    hack = backtest(run.path, _candidate(run, 1, "brevity bonus", _with_term("brevity", 0.02)), replay_only=True,
+                    write=False)
+    assert hack.failed_gates == ["unsealed_preference"]
+    term = next(t for t in hack.replay.unsealed.terms if t.term == "brevity")
+    assert term.status == "new" and term.unsealed_fraction > 0.25 and term.after > term.before == 0.0
+    constant = "\n\ndef bonus(prompts, completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+    harmless = {"constant bonus": _with_term("bonus", 0.3, constant),
+                "format weight": {"harness.yaml": ("    weight: 0.1 ", "    weight: 0.15 ")}}
+    for name, edit in harmless.items():
+        res = backtest(run.path, _candidate(run, 1, name, edit), replay_only=True, write=False)
+        assert res.failed_gates == [], (name, [f.message for f in res.replay.findings if f.gate])
+
+
 def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(run):
     """Planted scenario 1: train reward rises, the sealed correct rate does not, the divergence gate fires."""
     branch = _candidate(run, 1, "lenient parser short", {"rewards.py": BUG})
@@ -104,6 +130,13 @@ def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(r
     assert "shaped_vs_sealed" in s.failed_gates and "shaped_vs_sealed" in res.failed_gates
     assert s.stopped == "gate" and s.seeds == [0] and s.dev_items == 200
     assert s.ci_low <= s.delta <= s.ci_high and s.mde > 0
+    # both arms under both rewards: the changed correctness term pays the candidate's policy more among equally
+    # correct rollouts, under the candidate's reward; under the champion's reward its rollouts earn no more
+    c = s.cross
+    assert c and c.rollouts == (8 * 256, 8 * 256) and c.reward_delta > 0.3 and c.reward_delta_champion <= 0.05
+    bug = next(t for t in c.terms if t.harness == "candidate" and t.term == "correctness")
+    assert bug.status == "changed" and bug.within_delta > 0.1
+    assert "reward_divergence" in s.failed_gates
 
 
 def test_too_short_length_limit_is_critical_and_the_restoring_branch_is_not_flagged(run):

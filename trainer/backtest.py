@@ -10,10 +10,11 @@ per component, zero-variance groups before and after (rescued by the new reward,
 filters), the new reward's agreement with the sealed `correct` (correlation, AUC), the fraction of
 rollouts whose reward changed, and gate hits.
 
-The replay's own gate, `replay_agreement`, fires when the candidate's reward pays incorrect answers as
-if they were right (see `Agreement`) more often than the champion's reward did, or when its correlation
-with `correct` drops: the reward bug an agent's
-edit introduces (an unparsable answer scored as correct) shows up here before a single training step.
+The replay's own gates: `replay_agreement` fires when the candidate's reward pays incorrect answers as
+if they were right (see `Agreement`) more often than the champion's reward did (a drop of its correlation
+with `correct` is a warning: a format weight lowers it too): the reward bug an agent's edit introduces (an
+unparsable answer scored as correct) shows up here before a single training step. `unsealed_preference`
+(`reward_gates.py`) fires when a new or changed term pays for what the sealed grade does not see.
 
 Gate thresholds are always the champion's: a candidate cannot loosen the gates that judge it.
 """
@@ -35,6 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from evotrainer.errors import UserError
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.evidence import read_rollouts, read_steps
+from evotrainer.trainer.reward_gates import (CrossScore, UnsealedShare, cross_score, divergence_gate, unsealed_gate,
+                                             unsealed_share)
 
 REPLAY_GATE = {"rewarded_incorrect": 0.02, "corr_drop": 0.10}
 
@@ -72,6 +75,9 @@ class ReplaySpec(BaseModel):
     evidence_root: str
     generation: int | None = None
     branches: list[str] = Field(default_factory=lambda: ["main"])
+    tags: list[str] | None = None  # exact writer tags (a short run's arms); None: every chunk of the branches
+    rewards_only: bool = False  # score the rewards alone: no group filters, no analyzers (both-arm scoring)
+    baseline_scale: str = "group"  # the champion's scale_rewards (the stored rewards' advantage normalisation)
     thresholds: dict[str, dict[str, float]] = Field(default_factory=dict)  # the champion's
     sealed_columns: list[str] = Field(default_factory=list)  # the domain's own sealed evidence columns
     result_path: str
@@ -110,10 +116,20 @@ class ReplayResult(BaseModel):
     dead_groups_dropped: int
     dead_ratio_before: float
     dead_ratio_after: float  # among the groups that stay in the loss
+    unsealed: UnsealedShare | None = None  # preferences within one sealed grade, champion's reward vs candidate's
     findings: list[Finding]
     failed_gates: list[str]
-    inherited_gates: list[str] = []  # gates the stored rollouts fail under the champion's own harness too
+    inherited_gates: list[str] = []  # gates whose every failing metric the stored rollouts fail under the champion too
     seconds: float
+
+
+def _key(f: Finding) -> str:
+    return f"{f.analyzer}/{f.metric}"
+
+
+def gate_keys(findings: list[Finding]) -> set[str]:
+    """Failed gates per metric (`analyzer/metric`): inheritance from the champion is decided metric by metric."""
+    return {_key(f) for f in findings if f.gate}
 
 
 def agreement(reward: np.ndarray, correct: np.ndarray) -> Agreement:
@@ -167,7 +183,7 @@ def _call_reward(fn, batch: pd.DataFrame, tasks: list[dict]) -> list[float]:
 
 
 def _read_source(spec: ReplaySpec) -> pd.DataFrame:
-    frames = [read_rollouts(spec.evidence_root, spec.generation, b).to_pandas() for b in spec.branches]
+    frames = [read_rollouts(spec.evidence_root, spec.generation, b, spec.tags).to_pandas() for b in spec.branches]
     df = pd.concat([f for f in frames if not f.empty] or [frames[0]], ignore_index=True)
     if df.empty:
         raise UserError(f"no stored rollouts of generation {spec.generation} on {', '.join(spec.branches)} under "
@@ -179,7 +195,7 @@ def _read_source(spec: ReplaySpec) -> pd.DataFrame:
 
 
 def _read_steps(spec: ReplaySpec) -> pd.DataFrame:
-    return pd.concat([read_steps(spec.evidence_root, spec.generation, b).to_pandas() for b in spec.branches],
+    return pd.concat([read_steps(spec.evidence_root, spec.generation, b, spec.tags).to_pandas() for b in spec.branches],
                      ignore_index=True)
 
 
@@ -192,8 +208,8 @@ def replay_scores(spec: ReplaySpec) -> ReplayScores:
     df = _read_source(spec)
     hspec = load_spec(spec.harness_dir)
     funcs = load_reward_functions(spec.harness_dir, hspec)
-    group_filters = load_group_filters(spec.harness_dir, hspec)
-    own = load_harness_analyzers(spec.harness_dir)
+    group_filters = [] if spec.rewards_only else load_group_filters(spec.harness_dir, hspec)
+    own = [] if spec.rewards_only else load_harness_analyzers(spec.harness_dir)
 
     tasks = [json.loads(t) for t in df["task"]]
     names = [f"reward_{r.name}" for r in hspec.rewards]
@@ -215,7 +231,7 @@ def replay_scores(spec: ReplaySpec) -> ReplayScores:
         for gid, rec in zip(after["group_id"].tolist(), records):
             groups.setdefault(gid, []).append(rec)
         kept = dict(zip(groups, keep_groups(group_filters, list(groups.values()))))
-    steps = _read_steps(spec)
+    steps = _read_steps(spec) if own else None
     findings = run_all(after, steps, spec.thresholds, only=own) if own else []
     findings_before = run_all(df, steps, spec.thresholds, only=own) if own else []
     return ReplayScores(rollout_ids=df["rollout_id"].tolist(), rewards={n: new[:, j].tolist()
@@ -262,12 +278,15 @@ def replay(spec: ReplaySpec, scores: ReplayScores, seconds: float = 0.0) -> Repl
     findings = run_all(after, steps, spec.thresholds) + list(scores.findings)
     # the stored rollouts are the champion's episodes: a gate they already fail under the champion's own rewards
     # (a behaviour the candidate's change has not had the chance to alter, like a leak an env.py edit closes) says
-    # nothing about the candidate; the short run judges its own rollouts
-    inherited = sorted({f.analyzer for f in run_all(before, steps, spec.thresholds) + list(scores.findings_before)
-                        if f.gate})
+    # nothing about the candidate; the short run judges its own rollouts. Per metric: the champion's format reward
+    # rising must not hide a rise of the candidate's new term.
+    inherited = gate_keys(run_all(before, steps, spec.thresholds) + list(scores.findings_before))
     agree_before = agreement(before["reward"].to_numpy(), before["correct"].to_numpy())
     agree_after = agreement(total, after["correct"].to_numpy())
     findings += _agreement_gate(agree_before, agree_after, after, spec.thresholds.get("replay_agreement", {}))
+    unsealed = unsealed_share(before, after, {n: r.weight for n, r in zip(names, hspec.rewards)},
+                              spec.baseline_scale, hspec.trainer.get("scale_rewards", "group"))
+    findings += unsealed_gate(unsealed, after, spec.thresholds)
 
     components_before = {c: Distribution.of(before[c]) for c in before.columns if c.startswith("reward_")}
     return ReplayResult(
@@ -282,8 +301,10 @@ def replay(spec: ReplaySpec, scores: ReplayScores, seconds: float = 0.0) -> Repl
         groups_dropped=int((~kept).sum()), dead_groups_dropped=int((~kept & dead_after).sum()),
         dead_ratio_before=float(dead_before.mean()),
         dead_ratio_after=float(dead_after[kept].mean()) if kept.any() else 0.0,
-        findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate} - set(inherited)),
-        inherited_gates=inherited, seconds=round(seconds, 3),
+        unsealed=unsealed, findings=findings,
+        failed_gates=sorted({f.analyzer for f in findings if f.gate and _key(f) not in inherited}),
+        inherited_gates=sorted({f.analyzer for f in findings if f.gate and _key(f) in inherited}),
+        seconds=round(seconds, 3),
     )
 
 
@@ -302,8 +323,11 @@ def _agreement_gate(before: Agreement, after: Agreement, rows: pd.DataFrame, t: 
                                    f"as if they were right (champion: {before.rewarded_incorrect:.1%})",
                            evidence=paid["rollout_id"].head(20).tolist()))
     if before.corr is not None and after.corr is not None and before.corr - after.corr > t["corr_drop"]:
+        # a warning, not a gate: a format weight that follows the sealed parser lowers the correlation with `correct`
+        # as much as a bug does; what a bug pays is gated above (wrong answers paid as right) and by
+        # unsealed_preference (preferences the sealed grade does not have)
         out.append(Finding(analyzer="replay_agreement", metric="correct_corr_drop", value=before.corr - after.corr,
-                           threshold=t["corr_drop"], severity="critical", gate=True,
+                           threshold=t["corr_drop"], severity="warning",
                            message=f"the reward's correlation with the sealed grade fell from {before.corr:.2f} to "
                                    f"{after.corr:.2f}"))
     return out
@@ -341,6 +365,31 @@ class Arm(BaseModel):
     seconds: float
 
 
+def arm_tag(commit: str, seed: int, steps: int) -> str:
+    """The evidence writer tag of one short-run arm."""
+    return f"{commit[:8]}-s{seed}-k{steps}"
+
+
+def both_harnesses(run: Path, generation: int, branch: str, cand_dir: Path, champ_dir: Path, cand_tags: list[str],
+                   ctrl_tags: list[str]) -> tuple[CrossScore, pd.DataFrame]:
+    """Both arms' training rollouts under both harnesses' rewards: each harness's code re-scores the other arm's
+    rollouts in an isolated child, so that every comparison of reward is made under one reward."""
+    from evotrainer.trainer.harness import load_spec
+
+    ev = run / "evidence"
+    cand = read_rollouts(ev, generation, branch, cand_tags).to_pandas()
+    ctrl = read_rollouts(ev, generation, "control", ctrl_tags).to_pandas()
+    _, on_ctrl = score_in_child(cand_dir, ev, generation, ["control"], run, f"{branch}'s rewards on the control arms",
+                                tags=ctrl_tags, rewards_only=True)
+    _, on_cand = score_in_child(champ_dir, ev, generation, [branch], run, f"the champion's rewards on {branch}'s arms",
+                                tags=cand_tags, rewards_only=True)
+    if on_ctrl.rollout_ids != ctrl["rollout_id"].tolist() or on_cand.rollout_ids != cand["rollout_id"].tolist():
+        raise UserError("a scoring child scored other rollouts than the short run's: its result is refused")
+    weights = {h: {f"reward_{r.name}": r.weight for r in load_spec(d).rewards} for h, d in (("cand", cand_dir),
+                                                                                          ("champ", champ_dir))}
+    return cross_score(cand, ctrl, on_ctrl.rewards, on_cand.rewards, weights["cand"], weights["champ"]), cand
+
+
 class ShortRunResult(BaseModel):
     steps: int
     seeds: list[int]
@@ -357,6 +406,8 @@ class ShortRunResult(BaseModel):
     findings: list[Finding]  # the candidate's own evidence, champion thresholds, its own analyzers included
     failed_gates: list[str]
     control_gates: list[str] = []  # gates the control (the champion harness) fails on its own short-run evidence
+    control_gate_keys: list[str] = []  # ... per metric (`analyzer/metric`): inheritance is decided metric by metric
+    cross: CrossScore | None = None  # both arms scored under both harnesses' rewards
     # when it fails one: candidate minus the policy both arms started from (same dev items), with its interval
     start_dev: float | None = None
     start_delta: float | None = None
@@ -475,9 +526,10 @@ def _replay_source(evidence: Path, generation: int) -> tuple[int | None, list[st
     return None
 
 
-def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branches: list[str],
-               thresholds: dict, work: Path, label: str) -> ReplayResult:
-    """Replay a candidate: its code scores the stored rollouts in an isolated child, the rest is computed here."""
+def score_in_child(harness_dir: Path, evidence: Path, generation: int | None, branches: list[str], work: Path,
+                   label: str, *, thresholds: dict | None = None, tags: list[str] | None = None,
+                   rewards_only: bool = False, baseline_scale: str = "group") -> tuple[ReplaySpec, ReplayScores]:
+    """A harness's code scores stored rollouts in an isolated child (`replay_scores`); only its scores come back."""
     import shutil
 
     from evotrainer.files import atomic_write_text
@@ -486,13 +538,12 @@ def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branch
     from evotrainer.trainer.harness import load_spec
     from evotrainer.trainer.sandbox import Isolation, Limits
 
-    started = time.time()
     stamp = uuid.uuid4().hex[:8]  # unique: several candidates may be replayed at once
     out = work / "specs" / f"replay-{stamp}"
     domain = get_domain(load_spec(harness_dir).domain)
     spec = ReplaySpec(harness_dir=str(harness_dir), evidence_root=str(evidence), generation=generation,
-                      branches=branches, thresholds=thresholds,
-                      sealed_columns=list(getattr(domain, "evidence_columns", ())),
+                      branches=branches, tags=tags, rewards_only=rewards_only, baseline_scale=baseline_scale,
+                      thresholds=thresholds or {}, sealed_columns=list(getattr(domain, "evidence_columns", ())),
                       result_path=str(out / "scores.json"))
     spec_path = work / "specs" / f"replay-{stamp}.spec.json"
     out.mkdir(parents=True, exist_ok=True)
@@ -502,12 +553,20 @@ def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branch
                        log=work / "logs" / "replay.log", limits=Limits(timeout_s=600, memory_mb=8000), label=label,
                        isolation=Isolation(read=[str(harness_dir), str(evidence), str(spec_path)], write=[str(out)]))
         try:
-            scores = ReplayScores.model_validate_json(Path(spec.result_path).read_text())
+            return spec, ReplayScores.model_validate_json(Path(spec.result_path).read_text())
         except (OSError, ValueError) as e:
             raise UserError(f"{label}: the replay child wrote no readable scores ({type(e).__name__})") from e
-        return replay(spec, scores, time.time() - started)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branches: list[str],
+               thresholds: dict, work: Path, label: str, baseline_scale: str = "group") -> ReplayResult:
+    """Replay a candidate: its code scores the stored rollouts in an isolated child, the rest is computed here."""
+    started = time.time()
+    spec, scores = score_in_child(harness_dir, evidence, generation, branches, work, label, thresholds=thresholds,
+                                  baseline_scale=baseline_scale)
+    return replay(spec, scores, time.time() - started)
 
 
 _ARM_LOCKS: dict[str, threading.Lock] = {}
@@ -534,7 +593,7 @@ class _Arms:
         from evotrainer.trainer.evidence import branch_dir
 
         started = time.time()
-        tag = f"{commit[:8]}-s{seed}-k{self.cfg.steps}"
+        tag = arm_tag(commit, seed, self.cfg.steps)
         out = self.ws.path / "backtests" / f"g{self.generation}" / branch_dir(branch) / tag
         ckpt = out / "checkpoints" / "policy"
         with _arm_lock(out):
@@ -554,7 +613,7 @@ class _Arms:
             jobs.train(spec, out, on_progress=self.on_progress(f"{role} s{seed}") if self.on_progress else None)
         ev = jobs.evaluate(ckpt, self.domain, "dev", out, k=0, limit=self.cfg.dev_items, seed=seed,
                            expected_fingerprint=self.fingerprint)
-        rows = read_rollouts(self.ws.path / "evidence", self.generation, branch, tag).to_pandas()
+        rows = read_rollouts(self.ws.path / "evidence", self.generation, branch, [tag]).to_pandas()
         arm = Arm(role=role, seed=seed, commit=commit, checkpoint=str(ckpt), dev_accuracy=ev.accuracy,
                   train_reward=float(rows["reward"].mean()), train_correct=float(rows["correct"].mean()),
                   seconds=round(time.time() - started, 1))
@@ -587,18 +646,21 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
         seeds += new
         diffs = np.stack([results[("candidate", s)][1] - results[("control", s)][1] for s in seeds])
         delta, lo, hi, se = paired_bootstrap(diffs, cfg.bootstrap)
-        rep = health_report(ws.path / "evidence", generation, branch, cand_dir, ws.path, tag=commit[:8],
+        cand_tags = [arm_tag(commit, s, cfg.steps) for s in seeds]  # exact: never a longer run's arms of the commit
+        rep = health_report(ws.path / "evidence", generation, branch, cand_dir, ws.path, tag=cand_tags,
                             thresholds=thresholds)
-        findings = rep.findings
+        cross, cand_rows = both_harnesses(ws.path, generation, branch, cand_dir, champ_dir, cand_tags,
+                                          [arm_tag(champ_commit, s, cfg.steps) for s in seeds])
+        findings = rep.findings + divergence_gate(cross, cand_rows, lo, thresholds)
         note = f"{len(seeds)} seeds x {cfg.steps} steps: {delta:+.3f} [{lo:+.3f}, {hi:+.3f}], MDE {Z_POWER * se:.3f}"
-        stopped = decide(delta, lo, hi, len(seeds), cfg.max_seeds, rep.failed_gates)
+        stopped = decide(delta, lo, hi, len(seeds), cfg.max_seeds, sorted({f.analyzer for f in findings if f.gate}))
         trace.append(f"{note} -> {stopped or 'extend by one seed'}")
         if stopped:
             break
         n += 1
     # the champion is judged by the same gates: a gate its own arms fail is one a candidate may repair
-    ctrl_rep = health_report(ws.path / "evidence", generation, "control", champ_dir, ws.path, tag=champ_commit[:8],
-                             thresholds=thresholds)
+    ctrl_rep = health_report(ws.path / "evidence", generation, "control", champ_dir, ws.path,
+                             tag=[arm_tag(champ_commit, s, cfg.steps) for s in seeds], thresholds=thresholds)
     vs_start: dict = {}
     if ctrl_rep.failed_gates:  # the champion's score is not one to beat: is the candidate at least where it started?
         from evotrainer.trainer import jobs
@@ -620,7 +682,8 @@ def short_run(ws, branch: str, commit: str, cand_dir: Path, champ_commit: str, c
                                                    np.mean([a.train_reward for a in ctrl])),
         train_correct_delta=float(np.mean([a.train_correct for a in cand]) - np.mean([a.train_correct for a in ctrl])),
         findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
-        control_gates=sorted(set(ctrl_rep.failed_gates)), **vs_start, stopped=stopped, trace=trace,
+        control_gates=sorted(set(ctrl_rep.failed_gates)), control_gate_keys=sorted(gate_keys(ctrl_rep.findings)),
+        cross=cross, **vs_start, stopped=stopped, trace=trace,
         seconds=round(time.time() - started, 1),
         seconds_per_arm=round(float(np.mean([a.seconds for a in all_arms])), 1),
     )
@@ -664,7 +727,9 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
         raise UserError(f"branch {branch!r} is not a candidate of run {ws.path} (candidates: {known})")
     commit, cand_dir = ws.snapshot(record.head)
     champ_commit, champ_dir = ws.snapshot("main")
-    thresholds = load_spec(champ_dir).analyzers  # the champion's gates judge every candidate
+    champ_spec = load_spec(champ_dir)
+    thresholds = champ_spec.analyzers  # the champion's gates judge every candidate
+    scale = champ_spec.trainer.get("scale_rewards", "group")
     problems = jobs.validate_harness(cand_dir, ws.path, label=f"candidate {branch}")
     if problems:
         raise UserError(f"candidate {branch} is invalid: {problems[0]}")
@@ -677,7 +742,7 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
                         "or drop --replay-only so the short run's control provides them")
     label = f"replay of {branch}"
     # the replay first where there are stored rollouts to replay: a candidate it gates costs no short run
-    replay_result = run_replay(cand_dir, evidence, source[0], source[1], thresholds, ws.path, label) \
+    replay_result = run_replay(cand_dir, evidence, source[0], source[1], thresholds, ws.path, label, scale) \
         if source is not None else None
     short, start = None, ws.champion_checkpoint()
     if not replay_only and not (screen and replay_result and replay_result.failed_gates):
@@ -685,7 +750,7 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
         short = short_run(ws, branch, commit, cand_dir, champ_commit, champ_dir, gen, start, cfg, thresholds,
                           on_progress)
     if replay_result is None:  # the control arms are the champion harness's rollouts from the champion policy
-        replay_result = run_replay(cand_dir, evidence, gen, ["control"], thresholds, ws.path, label)
+        replay_result = run_replay(cand_dir, evidence, gen, ["control"], thresholds, ws.path, label, scale)
     gates = sorted(set(replay_result.failed_gates) | set(short.failed_gates if short else []))
     result = BacktestResult(run=str(ws.path), branch=branch, commit=commit, champion_commit=champ_commit,
                             generation=gen, start_checkpoint=str(start) if start else None, replay=replay_result,

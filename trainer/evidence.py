@@ -127,14 +127,18 @@ def _conform(table: pa.Table) -> pa.Table:
     return pa.table(fixed + [table.column(n) for n in extra], names=ROLLOUT_SCHEMA.names + extra)
 
 
-def _read(root: str | Path, kind: str, generation: int | None, branch: str | None, tag: str | None = None
-          ) -> pa.Table:
+def _read(root: str | Path, kind: str, generation: int | None, branch: str | None,
+          tag: str | list[str] | None = None) -> pa.Table:
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"evidence directory {root} does not exist: pass a run's evidence/ folder")
     gen_glob = f"g{generation}" if generation is not None else "g*"
     br_glob = branch_dir(branch) if branch is not None else "*"
-    files = sorted(root.glob(f"{gen_glob}/{br_glob}/{kind}-{branch_dir(tag) if tag else ''}*.parquet"))
+    if isinstance(tag, list | tuple):  # exact writer tags: `abc-s1-k5` must not read `abc-s1-k50`
+        files = sorted(f for t in tag for f in root.glob(f"{gen_glob}/{br_glob}/{kind}-{branch_dir(t)}-*.parquet")
+                       if f.stem.removeprefix(f"{kind}-{branch_dir(t)}-").isdigit())
+    else:
+        files = sorted(root.glob(f"{gen_glob}/{br_glob}/{kind}-{branch_dir(tag) if tag else ''}*.parquet"))
     if not files:
         return pa.table({}) if kind == "steps" else ROLLOUT_SCHEMA.empty_table()
     tables = []
@@ -147,13 +151,13 @@ def _read(root: str | Path, kind: str, generation: int | None, branch: str | Non
 
 
 def read_rollouts(root: str | Path, generation: int | None = None, branch: str | None = None,
-                  tag: str | None = None) -> pa.Table:
-    """All rollout rows under an evidence root, optionally of one generation, branch and writer tag (a prefix:
-    `abc123` reads the chunks of every tag that starts with it)."""
+                  tag: str | list[str] | None = None) -> pa.Table:
+    """All rollout rows under an evidence root, optionally of one generation, branch and writer tag (a string is a
+    prefix: `abc123` reads the chunks of every tag that starts with it; a list names exact tags)."""
     return _read(root, "rollouts", generation, branch, tag)
 
 
 def read_steps(root: str | Path, generation: int | None = None, branch: str | None = None,
-               tag: str | None = None) -> pa.Table:
+               tag: str | list[str] | None = None) -> pa.Table:
     """All per-step aggregate rows under an evidence root."""
     return _read(root, "steps", generation, branch, tag)

@@ -76,7 +76,7 @@ class AnalyzeSpec(BaseModel):
     evidence_root: str
     generation: int | None = None
     branch: str | None = None
-    tag: str | None = None  # only the chunks of writers whose tag starts with this (a backtest's commit)
+    tag: str | list[str] | None = None  # writer tags: a prefix, or the exact tags of a short run's arms
     harness_dir: str | None = None  # its diagnostics/*.py are imported and run alone (child only)
     thresholds: dict[str, dict[str, float]] = {}
     result_path: str
@@ -112,7 +112,7 @@ def has_own_analyzers(harness_dir: str | Path | None) -> bool:
 
 def health_report(path: str | Path, generation: int | None = None, branch: str | None = None,
                   harness_dir: str | Path | None = None, work_dir: str | Path | None = None, *,
-                  tag: str | None = None, thresholds: dict[str, dict[str, float]] | None = None) -> HealthReport:
+                  tag: str | list[str] | None = None, thresholds: dict[str, dict[str, float]] | None = None) -> HealthReport:
     """The health report of an evidence slice, with the own analyzers of `harness_dir` and its thresholds
     (or `thresholds`, e.g. the champion's when a candidate is judged)."""
     from evotrainer.trainer.harness import load_spec
