@@ -260,6 +260,8 @@ def backtest(
     = None,
     no_screen: Annotated[bool, typer.Option("--no-screen", help="run the short runs even when the replay fails a "
                                                                  "gate")] = False,
+    judge: Annotated[bool, typer.Option("--judge", help="end with the promotion rule's verdict and its reasons "
+                                                        "(written to reports/verdict-<branch>.json)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Backtest a candidate: replay on stored rollouts (a gate it fails ends the backtest there, unless --no-screen),
@@ -271,8 +273,14 @@ def backtest(
     with progress_display(not as_json) as feed:
         result = run_backtest(run, branch, replay_only=replay_only, cfg=cfg, generation=generation, on_progress=feed,
                               screen=not no_screen)
+    verdict = None
+    if judge:
+        from evotrainer.propose import verdict_for
+
+        verdict = verdict_for(run, result)
     if as_json:
-        print(result.model_dump_json())
+        print(json.dumps({**result.model_dump(mode="json"), **({"verdict": verdict.model_dump(mode="json")}
+                                                                 if verdict else {})}))
         return
     from rich.markdown import Markdown
 
@@ -282,6 +290,28 @@ def backtest(
         Console().print(f"budget: {len(s.seeds)} seeds x {s.steps} steps, {s.dev_items} dev items; "
                         f"minimum detectable effect {s.mde:.3f}; {s.seconds_per_arm:.0f} s per arm, "
                         f"{s.seconds:.0f} s for this candidate")
+    if verdict:
+        Console().print(f"verdict: [bold]{verdict.decision}[/bold]", highlight=False)
+        for reason in verdict.reasons:
+            Console().print(f"  - {reason}", highlight=False, markup=False)
+
+
+@app.command()
+def propose(
+    run: Annotated[Path, typer.Argument(help="a run directory")],
+    patch: Annotated[Path, typer.Option(help="a unified diff (git diff) of harness files against the champion")],
+    factor: Annotated[str, typer.Option(help="the one thing changed, dotted: reward.brevity, recipe.temperature")],
+    hypothesis: Annotated[str, typer.Option(help="if we change X, Y improves because Z")],
+    name: Annotated[str | None, typer.Option(help="branch name after cand/gN- (default: from the factor)")] = None,
+) -> None:
+    """Your own candidate, made as the Coder makes one (harness files only, validated in the sandbox, committed
+    with its hypothesis); then `evotrainer backtest RUN BRANCH --judge` puts it through the same gates and rule."""
+    from evotrainer.propose import propose as make
+
+    p = make(run, patch, factor, hypothesis, name)
+    Console().print(f"candidate {p.branch} ({p.commit[:8]}, generation {p.generation}): {', '.join(p.files)}",
+                    highlight=False)
+    Console().print(f"next: evotrainer backtest {run} {p.branch} --judge", highlight=False, markup=False)
 
 
 @app.command("validate-analyzer")

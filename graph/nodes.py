@@ -386,16 +386,15 @@ class Loop:
         return {"revised": aid}
 
     def _culprit(self, cand: CandidateState, g: int) -> str:
-        """The reward column that rose most in the candidate's short run over its control's."""
-        ev = self.ws.path / "evidence"
-        mine = read_rollouts(ev, g, cand.branch, cand.commit[:8]).to_pandas()
-        ctrl = read_rollouts(ev, g, "control").to_pandas()
-        cols = [c for c in mine.columns if c.startswith("reward_") and c != "reward_correctness" and c in ctrl]
-        if not cols or mine.empty or ctrl.empty:
-            return "reward"
-        rise = {c: float(mine[c].mean() - ctrl[c].mean()) for c in cols}
-        best = max(rise, key=rise.get)
-        return best.removeprefix("reward_") if rise[best] > 0 else "reward"
+        """The candidate's reward term whose pay rose most among equally correct rollouts, both arms scored under
+        the candidate's reward (a new term the control lacks included); `reward` when none rose."""
+        bt = self._backtest_of(cand)
+        cross = bt.short_run.cross if bt and bt.short_run else None
+        terms = [t for t in cross.terms if t.harness == "candidate"] if cross else []
+        # a term the change touched first: an unchanged one rising is the policy, not the harness edit
+        risen = sorted((t for t in terms if t.within_delta > 0), key=lambda t: (t.status in ("new", "changed"),
+                                                                                t.within_delta), reverse=True)
+        return risen[0].term if risen else "reward"
 
     # -- distill -------------------------------------------------------------------------------
     def distill(self, state: LoopState) -> dict:

@@ -115,6 +115,49 @@ def test_replay_gates_a_small_reward_hack_and_passes_harmless_changes(run):
         assert res.failed_gates == [], (name, [f.message for f in res.replay.findings if f.gate])
 
 
+def _diff(files: dict[str, str], changed: dict[str, str]) -> str:
+    import difflib
+
+    return "".join("".join(difflib.unified_diff(files.get(p, "").splitlines(True), t.splitlines(True),
+                                                "/dev/null" if p not in files else f"a/{p}", f"b/{p}"))
+                   for p, t in changed.items())
+
+
+def test_an_engineers_patch_goes_through_the_coders_path_and_the_rule(run, tmp_path):
+    """`evotrainer propose` makes a candidate from a diff as the Coder does; `backtest --judge` ends with the rule's
+    verdict. A patch outside the harness, one that does not apply and one that makes an invalid harness are each
+    refused with one line, and leave no branch."""
+    from evotrainer.agents.coder import harness_files
+
+    files = harness_files(run.snapshot("main")[1])
+    hack = {"rewards.py": files["rewards.py"] + HACK, "harness.yaml": files["harness.yaml"].replace(
+        "  - name: answer_format ", "  - name: brevity\n    weight: 0.05\n  - name: answer_format ")}
+    patch = tmp_path / "brevity.diff"
+    patch.write_text(_diff(files, hack))
+    made = run_cli("propose", str(run.path), "--patch", str(patch), "--factor", "reward.brevity", "--hypothesis",
+                   "if short answers are paid, dev improves", "--name", "brevity by hand")
+    assert made.returncode == 0, made.stderr
+    rec = next(r for r in run.harness.lineage() if r.branch == "cand/g1-brevity-by-hand")
+    assert rec.factor == "reward.brevity" and rec.hypothesis.startswith("if short answers")
+    assert sorted(run.harness.changed_files(rec.branch)) == ["harness.yaml", "rewards.py"]
+    judged = run_cli("backtest", str(run.path), rec.branch, "--replay-only", "--judge", "--json")
+    verdict = json.loads(judged.stdout.strip().splitlines()[-1])["verdict"]
+    assert verdict["decision"] == "reject" and verdict["failed_gates"] == ["unsealed_preference"]
+    assert (run.path / "reports" / "verdict-cand--g1-brevity-by-hand.json").is_file()
+
+    before = sorted(r.branch for r in run.harness.lineage())
+    bad = {"sealed.diff": (_diff({}, {"trainer/domains/math.py": "x = 1\n"}), "not a harness file"),
+           "stale.diff": (_diff({**files, "rewards.py": "nothing like the champion\n"},
+                                {"rewards.py": "something else\n"}), "does not apply"),
+           "invalid.diff": (_diff(files, {"harness.yaml": files["harness.yaml"].replace(
+               "trainer:", "trainer:\n  bogus_knob: 1", 1)}), "invalid")}
+    for name, (text, message) in bad.items():
+        (tmp_path / name).write_text(text)
+        res = run_cli("propose", str(run.path), "--patch", str(tmp_path / name), "--factor", "f", "--hypothesis", "h")
+        assert res.returncode != 0 and message in res.stderr and "Traceback" not in res.stderr, (name, res.stderr)
+    assert sorted(r.branch for r in run.harness.lineage()) == before
+
+
 def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(run):
     """Planted scenario 1: train reward rises, the sealed correct rate does not, the divergence gate fires."""
     branch = _candidate(run, 1, "lenient parser short", {"rewards.py": BUG})

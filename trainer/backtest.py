@@ -449,6 +449,15 @@ class BacktestResult(BaseModel):
                       f"{_f(r.agreement_after.rewarded_incorrect)} |", "",
                       f"Groups rescued by the new reward: {r.groups_rescued}; deadened: {r.groups_deadened}; "
                       f"dropped by group filters: {r.groups_dropped} ({r.dead_groups_dropped} of them dead).", ""]
+            if r.unsealed:
+                u = r.unsealed
+                lines += [f"Advantage that prefers rollouts the sealed grade rates equal: {u.before:.2%} (champion's "
+                          f"reward) -> {u.after:.2%} (candidate's).", "",
+                          "| term | status | champion's share | candidate's share | unsealed part of its change |",
+                          "|---|---|---|---|---|"]
+                lines += [f"| {t.term} | {t.status} | {t.before:.2%} | {t.after:.2%} | {t.unsealed_fraction:.0%} |"
+                          for t in u.terms]
+                lines.append("")
             if r.inherited_gates:
                 lines += [f"Gates the stored rollouts already fail under the champion's harness (left to the short "
                           f"run): {', '.join(r.inherited_gates)}.", ""]
@@ -464,6 +473,16 @@ class BacktestResult(BaseModel):
                       f"per seed {', '.join(f'{d:+.3f}' for d in s.per_seed_delta)}.",
                       f"Train reward delta {s.train_reward_delta:+.3f}; train correct delta "
                       f"{s.train_correct_delta:+.3f}. Stopped: {s.stopped}.", ""]
+            if s.cross:
+                c = s.cross
+                lines += [f"Both arms under one reward ({c.rollouts[0]} and {c.rollouts[1]} training rollouts): "
+                          f"reward delta {c.reward_delta:+.4f} under the candidate's, {c.reward_delta_champion:+.4f} "
+                          f"under the champion's; sealed correct {c.correct_delta:+.4f}.", "",
+                          "| harness | term | status | weight | paid delta | among equally correct | effect (sd) | z |",
+                          "|---|---|---|---|---|---|---|---|"]
+                lines += [f"| {t.harness} | {t.term} | {t.status} | {t.weight:g} | {t.paid_delta:+.4f} | "
+                          f"{t.within_delta:+.4f} | {t.effect:+.2f} | {t.z:+.1f} |" for t in c.terms]
+                lines.append("")
             if s.control_gates:
                 lines += [f"The control arms fail gate {', '.join(s.control_gates)}. The starting policy scores "
                           f"{_f(s.start_dev)} on the same items; candidate minus it: {s.start_delta:+.3f} "
