@@ -41,6 +41,19 @@ def test_roundtrip_chunks_branches_and_truncation(tmp_path):
         w.flush(2)
 
 
+def test_exact_tags_never_pool_a_longer_run_of_the_same_commit(tmp_path):
+    """A 5-step short-run arm and a 50-step one of the same commit and seed: a tag prefix reads both (a commit's
+    whole history), a list of tags reads exactly the named arms."""
+    for tag, steps in (("abc12345-s0-k5", 5), ("abc12345-s0-k50", 50), ("abc12345-s1-k5", 5)):
+        w = EvidenceWriter(tmp_path, 1, "cand/g1-x", tag)
+        w.add_rollouts([_row(steps, i, "cand/g1-x") for i in range(2)])
+        w.flush(steps)
+    assert read_rollouts(tmp_path, 1, "cand/g1-x", "abc12345").num_rows == 6
+    exact = read_rollouts(tmp_path, 1, "cand/g1-x", ["abc12345-s0-k5", "abc12345-s1-k5"])
+    assert exact.column("step").to_pylist() == [5] * 4
+    assert read_rollouts(tmp_path, 1, "cand/g1-x", ["abc12345-s0-k50"]).column("step").to_pylist() == [50, 50]
+
+
 def test_missing_columns_are_refused(tmp_path):
     w = EvidenceWriter(tmp_path, 0, "main")
     w.add_rollouts([{"rollout_id": "x"}])
