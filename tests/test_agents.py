@@ -336,3 +336,30 @@ def test_the_loop_switches_cut_memory_and_revision(on, tmp_path):
     before = len(store)
     loop.distill(LoopState(findings=SICK, diagnosis=diag, candidates=judged["candidates"]))
     assert len(store) == before + (1 if on else 0)
+
+
+def test_the_revision_culprit_is_the_term_that_rose_under_one_reward(tmp_path):
+    """Diagnostics revision gates the candidate's new term that its policy earned more of among equally correct
+    rollouts (the control lacks that column), not the total reward; an unchanged term rising is the policy's doing
+    and yields to a changed one."""
+    from evotrainer.graph.nodes import Loop
+    from evotrainer.graph.state import CandidateState
+    from evotrainer.trainer.reward_gates import CrossScore, TermDelta
+
+    def term(name, status, within, harness="candidate"):
+        return TermDelta(term=name, harness=harness, status=status, weight=1.0, paid_delta=within,
+                         within_delta=within, effect=0.5, z=5.0)
+
+    def culprit(terms):
+        bt = _backtest(-0.01, -0.03, 0.01)
+        cross = CrossScore(reward_delta=0.05, reward_delta_champion=0.0, correct_delta=0.0, pay_per_correct=1.0,
+                           terms=terms, rollouts=(10, 10))
+        bt = bt.model_copy(update={"short_run": bt.short_run.model_copy(update={"cross": cross})})
+        path = tmp_path / "bt.json"
+        path.write_text(bt.model_dump_json())
+        return Loop._culprit(Loop.__new__(Loop), CandidateState(intervention=IV, backtest=str(path)), 1)
+
+    assert culprit([term("correctness", "unchanged", 0.03), term("brevity", "new", 0.004),
+                    term("correctness", "unchanged", 0.03, harness="champion")]) == "brevity"
+    assert culprit([term("correctness", "unchanged", 0.03), term("brevity", "new", -0.01)]) == "correctness"
+    assert culprit([term("brevity", "new", -0.01)]) == "reward"
