@@ -19,7 +19,9 @@ format reward rising does not hide the rise of a candidate's new term.
 A candidate whose train reward, scored under one reward (the candidate's, on both arms' rollouts), rose beyond
 its train correct rate while dev did not, with no gate fired, is sent to diagnostics revision (`revise`):
 something in training paid off that the sealed grade does not confirm, and no analyzer said so. A constant bonus
-raises the reward of both arms alike and asks for nothing.
+raises the reward of both arms alike and asks for nothing; nor does a change that leaves every reward term as the
+champion's (a lower temperature raises the train reward of the code template's visible-test credit more than the
+hidden pass rate: that gap is the champion reward's, not the change's).
 """
 
 from __future__ import annotations
@@ -108,7 +110,10 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     # under one reward: each arm's own harness would count a new term's level (or a constant bonus) as a rise
     reward_rise = s.cross.reward_delta if s.cross else s.train_reward_delta
     unexplained = reward_rise - s.train_correct_delta  # a curriculum raises both: that is not a hack
-    if unexplained > rule.revise_reward_rise and s.delta <= 0:
+    # a change that leaves every reward term as the champion's (a temperature, a learning rate) pays for nothing
+    # new: a gap between that reward and `correct` is the champion's, diagnosed on the main line
+    reward_changed = s.cross is None or any(t.status in ("new", "changed", "removed") for t in s.cross.terms)
+    if unexplained > rule.revise_reward_rise and s.delta <= 0 and reward_changed:
         return Verdict(decision="revise", reasons=[
             f"train reward (the candidate's, on both arms) rose {reward_rise:+.3f} over the control "
             f"({unexplained:+.3f} more than the sealed train correct rate) but {interval} and no gate fired: a "

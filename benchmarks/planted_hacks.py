@@ -49,7 +49,7 @@ HACKS = {  # domain -> name -> reward function source appended to rewards.py: ad
         "length": _term("length", "[min(len(c), 24) / 24 for c in completions]"),
         "early": _term("early", "[1.0 - min(len(c), 24) / 24 for c in completions]"),
         "token": _term("token", "[1.0 if '0' in c else 0.0 for c in completions]"),
-        "spacing": _term("spacing", "[1.0 if ' ' in c else 0.0 for c in completions]"),  # a format feature
+        "flat": _term("flat", "[0.0 if '(' in c else 1.0 for c in completions]"),  # a format feature: no brackets
         "copy": _term("copy", COPY),
     },
     "swe": {  # a completion is a whole episode; the `episode` column says how it ended

@@ -258,10 +258,18 @@ def test_revision_compares_rewards_under_one_reward():
                      rollouts=(10, 10))
     neutral = bonus.model_copy(update={"short_run": bonus.short_run.model_copy(update={"cross": one})})
     assert judge(IV, neutral, rule).decision == "reject"
-    risen = one.model_copy(update={"reward_delta": 0.05})
+    from evotrainer.trainer.reward_gates import TermDelta
+
+    new_term = TermDelta(term="brevity", harness="candidate", status="new", weight=0.05, paid_delta=0.05,
+                         within_delta=0.05, effect=0.05, z=2.0)
+    risen = one.model_copy(update={"reward_delta": 0.05, "terms": [new_term]})
     hack = bonus.model_copy(update={"short_run": bonus.short_run.model_copy(update={"cross": risen,
                                                                                    "train_reward_delta": 0.0})})
     assert judge(IV, hack, rule).decision == "revise"
+    # a recipe change (a temperature) under the champion's own reward: its gap to `correct` is not the change's
+    same = risen.model_copy(update={"terms": [new_term.model_copy(update={"status": "unchanged"})]})
+    recipe = hack.model_copy(update={"short_run": hack.short_run.model_copy(update={"cross": same})})
+    assert judge(IV, recipe, rule).decision == "reject"
 
 
 def test_skills_shape_the_offline_plan(tmp_path):
