@@ -7,8 +7,8 @@ grade rates the rollouts of a group equal: a group of eight wrong answers, dead 
 "rescued" by a 0.02 length bonus into a full-size gradient toward longer answers. Two gates, both
 computed here in the parent from rewards the harness's code returned and sealed grades it never saw:
 
-- `unsealed_preference` (replay, every mode), per reward term: a new or changed term whose change mostly
-  (`fraction`) varies among rollouts of one group that the sealed grade rates equal (same `correct`, same
+- `unsealed_preference` (replay, every mode), per reward term: a new or changed term whose change in part
+  (more than `fraction` of its within-group variation) varies among rollouts of one group that the sealed grade rates equal (same `correct`, same
   `formatted`, same hidden-test pass rate), and whose share of such preferences in the GRPO advantage (as
   the harness's own `scale_rewards` shapes it) grew over the champion's term (`rise`). Measured on the same
   stored rollouts for both rewards, it does not depend on training noise, nor on the term's weight: a
@@ -38,7 +38,7 @@ from evotrainer.trainer.diagnostics import Finding
 SEALED_GRADES = ("correct", "formatted", "hidden_pass")  # the sealed grade of a rollout, where present
 CORRECTNESS = ("correct", "hidden_pass")  # what a reward's rise must be explained by
 DEFAULTS = {
-    "unsealed_preference": {"fraction": 0.25, "rise": 0.0},
+    "unsealed_preference": {"fraction": 0.05, "rise": 0.0},  # harmless reward changes measure 0.0; hacks 0.26-0.91
     "reward_divergence": {"effect": 0.10, "z": 3.0, "ratio": 1.0},
 }
 TRL_EPS = 1e-4  # TRL's advantage = (r - mean) / (std + 1e-4)
@@ -155,7 +155,7 @@ def unsealed_share(before: pd.DataFrame, after: pd.DataFrame, weights_after: dic
 
 
 def unsealed_gate(share: UnsealedShare, after: pd.DataFrame, t: dict) -> list[Finding]:
-    """A new or changed term whose change mostly prefers rollouts the sealed grade rates equal, and whose share
+    """A new or changed term whose change in part prefers rollouts the sealed grade rates equal, and whose share
     of such preference in the advantage grew: gated at any weight (a learning rate, a temperature, a constant
     bonus, a format weight that follows the sealed parser, a term weakened or removed never are)."""
     t = thresholds("unsealed_preference", t)
