@@ -75,7 +75,10 @@ def apply_patch(files: dict[str, str], patch: str) -> dict[str, str]:
             target = scratch / p
             if target.is_symlink() or not target.is_file():
                 raise UserError(f"the patch leaves {p} as something other than a regular file")
-            text = target.read_text()
+            try:
+                text = target.read_text()
+            except UnicodeError as e:
+                raise UserError(f"the patch leaves {p} as something other than text ({e.reason})") from e
             if files.get(p) != text:
                 changed[p] = text
         if not changed:
