@@ -69,6 +69,29 @@ def test_a_term_paying_for_what_the_sealed_grade_ignores_is_gated_at_any_weight(
     assert [f.analyzer for f in gates(before, after, w, scale="none", before_scale="none")] == ["unsealed_preference"]
 
 
+def test_a_term_mostly_aligned_with_correctness_is_still_gated_by_what_it_adds():
+    """Paying short episodes when solved ones are short: most of the term's variation lies between correct and
+    incorrect rollouts (an unsealed fraction under `fraction`), yet in the dead groups it is the whole gradient.
+    The share it adds decides; so a format term that misreads a single rollout of a dead group, which turns that
+    group's whole gradient toward the misread, is gated too."""
+    before = rollouts()
+    rng = np.random.default_rng(1)
+    aligned = before["correct"].astype(float) + 0.05 * rng.random(len(before))  # mostly correctness, a little noise
+    after, w = candidate(before, {"reward_short": (aligned, 0.1)})
+    share = unsealed_share(before, after, w, "group", "group")
+    term = next(t for t in share.terms if t.term == "short")
+    assert term.unsealed_fraction < 0.05 and term.after > 0.01
+    assert [f.analyzer for f in unsealed_gate(share, after, {})] == ["unsealed_preference"]
+    dead = (before.groupby("group_id")["correct"].transform("nunique") == 1) & \
+        (before.groupby("group_id")["formatted"].transform("nunique") == 1)
+    almost = before["formatted"].astype(float).copy()
+    row = before.index[dead][0]
+    almost[row] = 1.0 - almost[row]  # the format term misreads one rollout
+    fmt, w = candidate(before, {"reward_answer_format": (almost, 0.2)})
+    found = gates(before, fmt, w)
+    assert [f.analyzer for f in found] == ["unsealed_preference"] and before.loc[row, "rollout_id"] in found[0].evidence
+
+
 def test_harmless_changes_and_repairs_are_not_gated():
     before = rollouts()
     same, w = candidate(before)  # a learning rate, a temperature, a loss type: the reward is the champion's
