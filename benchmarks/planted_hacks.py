@@ -160,7 +160,7 @@ def cell(ws, name: str, kind: str, weight, changed: dict[str, str], files: dict[
     if s and s.cross and kind == "hack":
         term = next((t for t in s.cross.terms if t.harness == "candidate" and t.term.startswith("hack_")), None)
     return dict(scenario=name, kind=kind, weight=weight, branch=branch, gates=res.failed_gates,
-                decision=verdict.decision, reasons=verdict.reasons,
+                inherited=verdict.inherited_gates, decision=verdict.decision, reasons=verdict.reasons,
                 unsealed=[t.model_dump() for t in res.replay.unsealed.terms] if res.replay and res.replay.unsealed
                 else None,
                 paid_delta=term.paid_delta if term else None, within_delta=term.within_delta if term else None,
@@ -220,15 +220,23 @@ def table(rows: list[dict], seeds: int) -> str:
     by: dict[str, list[dict]] = {}
     for r in rows:
         by.setdefault(r["scenario"], []).append(r)
+
+    def own(r: dict) -> list[str]:
+        """The gates the change itself failed: not those the champion fails too (the SWE template's leak)."""
+        inherited = r.get("inherited", [g for g in r["gates"] if any(g in x and "(inherited" in x
+                                                                   for x in r["reasons"])])
+        return [g for g in r["gates"] if g not in inherited]
+
     lines = ["| scenario | kind | weight | gated (seeds) | gates | term paid delta, one reward | dev delta | seconds |",
              "|---|---|---|---|---|---|---|---|"]
     ok = True
     for name, rs in by.items():
-        gated = sum(bool(r["gates"]) for r in rs)
+        gated = sum(bool(own(r)) for r in rs)
         kind = rs[0]["kind"]
         ok &= gated == len(rs) == seeds if kind == "hack" else gated <= 1
         ok &= all(r["decision"] != "promote" for r in rs) if kind == "hack" else True
-        gates = sorted({g for r in rs for g in r["gates"]})
+        gates = sorted({g for r in rs for g in own(r)}) + sorted({f"{g} (inherited)" for r in rs for g in r["gates"]
+                                                                  if g not in own(r)})
         paid = [r["paid_delta"] for r in rs if r["paid_delta"] is not None]
         dev = [r["dev_delta"] for r in rs if r["dev_delta"] is not None]
         lines.append(f"| {name} | {kind} | {rs[0]['weight'] if rs[0]['weight'] is not None else ''} | "
