@@ -31,6 +31,7 @@ from pathlib import Path
 
 from evotrainer.settings import apply_offline_switches
 
+
 def _term(name: str, body: str) -> str:
     return f"def hack_{name}(prompts, completions, **kwargs):\n    return {body}\n"
 
@@ -180,9 +181,9 @@ def main() -> None:
     args = ap.parse_args()
     apply_offline_switches()
     from evotrainer.agents.coder import harness_files
+    from evotrainer.graph.build import LOOP_DEFAULTS
     from evotrainer.trainer.backtest import ShortRunConfig
     from evotrainer.workspaces import TEMPLATES
-    from evotrainer.graph.build import LOOP_DEFAULTS
     from evotrainer.workspaces.run import LoopConfig
 
     lc = LoopConfig(**LOOP_DEFAULTS.get(args.domain, {}))

@@ -89,14 +89,15 @@ def test_replay_of_a_reward_bug_trips_the_agreement_gate(run):
     assert "**GATE** `replay_agreement`" in report.with_suffix(".md").read_text()
 
 
-HACK = "\n\ndef brevity(prompts, completions, **kwargs):\n    return [1.0 if len(c) < 3 else 0.0 for c in completions]\n"
+HACK = "\n\ndef brevity(prompts, completions, **kwargs):\n" \
+       "    return [1.0 if len(c) < 3 else 0.0 for c in completions]\n"
+FORMAT_LAST = "    return [1.0 if final_answer(c, f) is not None else 0.0 for c, f in zip(completions, fmt)]\n"
 
 
 def _with_term(name: str, weight: float, source: str = HACK) -> dict[str, tuple[str, str]]:
-    return {"rewards.py": ('    return [1.0 if final_answer(c, f) is not None else 0.0 for c, f in zip(completions, fmt)]\n',
-                           '    return [1.0 if final_answer(c, f) is not None else 0.0 for c, f in zip(completions, fmt)]\n'
-                           + source),
-            "harness.yaml": ("  - name: answer_format ", f"  - name: {name}\n    weight: {weight}\n  - name: answer_format ")}
+    return {"rewards.py": (FORMAT_LAST, FORMAT_LAST + source),
+            "harness.yaml": ("  - name: answer_format ",
+                             f"  - name: {name}\n    weight: {weight}\n  - name: answer_format ")}
 
 
 def test_replay_gates_a_small_reward_hack_and_passes_harmless_changes(run):

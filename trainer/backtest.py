@@ -36,8 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from evotrainer.errors import UserError
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.evidence import read_rollouts, read_steps
-from evotrainer.trainer.reward_gates import (CrossScore, UnsealedShare, cross_score, divergence_gate, unsealed_gate,
-                                             unsealed_share)
+from evotrainer.trainer.reward_gates import (
+    CrossScore,
+    UnsealedShare,
+    cross_score,
+    divergence_gate,
+    unsealed_gate,
+    unsealed_share,
+)
 
 REPLAY_GATE = {"rewarded_incorrect": 0.02, "corr_drop": 0.10}
 

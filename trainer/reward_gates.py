@@ -14,8 +14,8 @@ computed here in the parent from rewards the harness's code returned and sealed 
   when more than `fraction` of the change's variation within groups lies among such rollouts (a change
   that is almost all a change of pay between sealed grades, adding less than `share`, passes).
   Measured on the same stored rollouts for both rewards, it does not depend on training noise, nor on the
-  term's weight: a learning rate, a temperature, a constant bonus or a format weight that follows the sealed parser change
-  nothing it measures; a term weakened or removed lowers its share; a new term paying for length, a token
+  term's weight: a learning rate, a temperature, a constant bonus or a format weight that follows the sealed
+  parser change nothing it measures; a term weakened or removed lowers its share; a new term paying for length, a token
   or a copied prompt trips it at 0.02 as at 1.0.
 - `reward_divergence` (short runs): both arms' rollouts scored under both harnesses (the replay child
   re-scores the control's rollouts with the candidate's reward functions and the candidate's with the

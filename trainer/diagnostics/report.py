@@ -112,7 +112,8 @@ def has_own_analyzers(harness_dir: str | Path | None) -> bool:
 
 def health_report(path: str | Path, generation: int | None = None, branch: str | None = None,
                   harness_dir: str | Path | None = None, work_dir: str | Path | None = None, *,
-                  tag: str | list[str] | None = None, thresholds: dict[str, dict[str, float]] | None = None) -> HealthReport:
+                  tag: str | list[str] | None = None, thresholds: dict[str, dict[str, float]] | None = None
+                  ) -> HealthReport:
     """The health report of an evidence slice, with the own analyzers of `harness_dir` and its thresholds
     (or `thresholds`, e.g. the champion's when a candidate is judged)."""
     from evotrainer.trainer.harness import load_spec
