@@ -46,6 +46,12 @@ class PromotionRule(BaseModel):
                                                         "dev gain that asks for diagnostics revision")
 
 
+def rule_of(loop) -> PromotionRule:
+    """The promotion rule a run's `run.yaml` (its `LoopConfig`) sets: the loop's Critic and `backtest --judge`."""
+    return PromotionRule(min_ci_low=loop.min_ci_low, max_promotions=loop.max_promotions,
+                         replay_only=not loop.short_runs)
+
+
 def moved_as_hypothesised(intervention: Intervention, backtest: BacktestResult) -> bool | None:
     """Whether the metric the hypothesis names moved its way; None when the backtest does not measure it."""
     s, r = backtest.short_run, backtest.replay

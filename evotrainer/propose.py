@@ -123,15 +123,14 @@ def propose(run_dir: str | Path, patch_file: str | Path, factor: str, hypothesis
 def verdict_for(run_dir: str | Path, result):
     """The promotion rule's verdict on a backtest result of run `run_dir` (its run.yaml's rule), as the Critic
     would start from it; written to reports/verdict-<branch>.json."""
-    from evotrainer.agents.critic import PromotionRule, judge
+    from evotrainer.agents.critic import judge, rule_of
     from evotrainer.agents.schemas import Intervention
     from evotrainer.files import atomic_write_text
     from evotrainer.trainer.evidence import branch_dir
     from evotrainer.workspaces.run import RunWorkspace
 
     ws = RunWorkspace.open(run_dir)
-    lc = ws.config().loop
-    rule = PromotionRule(min_ci_low=lc.min_ci_low, max_promotions=lc.max_promotions, replay_only=not lc.short_runs)
+    rule = rule_of(ws.config().loop)
     record = next(r for r in ws.harness.lineage() if r.branch == result.branch)
     iv = Intervention(id=record.intervention_id or record.branch, hypothesis=record.hypothesis or "(none)",
                       factor=record.factor or "(none)", change=record.factor or "(none)")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
-from evotrainer.agents.critic import PromotionRule, choose, judge
+from evotrainer.agents.critic import choose, judge, rule_of
 from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample
 from evotrainer.errors import UserError
 from evotrainer.files import atomic_write_text
@@ -41,8 +41,7 @@ class Loop:
         self.ws, self.cfg, self.meta, self.store, self.events = ws, ws.config(), meta, store, events
         self.feed = feed or (lambda label: (lambda event: None))
         self.status = status or (lambda text: None)
-        self.rule = PromotionRule(min_ci_low=self.cfg.loop.min_ci_low, max_promotions=self.cfg.loop.max_promotions,
-                                  replay_only=not self.cfg.loop.short_runs)
+        self.rule = rule_of(self.cfg.loop)
 
     # -- plumbing ------------------------------------------------------------------------------
     def node(self, name: str, fn: Callable[[LoopState], dict]) -> Callable[[LoopState], dict]:
