@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
 

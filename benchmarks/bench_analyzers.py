@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.trainer.backtest import run_replay
 from evotrainer.trainer.diagnostics import REGISTRY, run_all
 from evotrainer.trainer.domains import get_domain

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.trainer.domains import get_domain, grade_all
 from evotrainer.trainer.execution import pool
 

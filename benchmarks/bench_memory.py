@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.memory.skill import Skill, Trigger, Validation
 from evotrainer.memory.store import SkillStore
-from evotrainer.settings import apply_offline_switches
 
 CORPUS = json.loads((Path(__file__).parent.parent / "tests" / "data" / "skill_corpus.json").read_text())
 DOMAINS = ["math", "code", "swe"]

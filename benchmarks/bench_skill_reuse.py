@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.memory.store import SkillStore
-from evotrainer.settings import apply_offline_switches
 
 
 def evotrainer(*args: str) -> dict:

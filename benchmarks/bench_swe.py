@@ -17,7 +17,7 @@ import random
 import statistics
 import time
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 
 
 def timed(fn, repeats: int):

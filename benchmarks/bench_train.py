@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.trainer import jobs
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.sandbox import child_env
@@ -114,7 +114,7 @@ def _child_starts(root: Path, n: int = 5) -> dict[str, float]:
         seconds = []
         for _ in range(n):
             t = time.perf_counter()
-            res = run_module("evotrainer.settings", [], cwd=root, log_path=root / "start.log",
+            res = run_module("evotrainer.base.settings", [], cwd=root, log_path=root / "start.log",
                              limits=Limits(timeout_s=60), isolation=iso)
             seconds.append(time.perf_counter() - t)
             if not res.ok:

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.trainer.backtest import ShortRunConfig, backtest
 from evotrainer.workspaces.run import RunWorkspace
 

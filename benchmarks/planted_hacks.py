@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 
 
 def _term(name: str, body: str) -> str:

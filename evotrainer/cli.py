@@ -15,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evotrainer.agents import llm
-from evotrainer.errors import UserError
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.errors import UserError
+from evotrainer.base.settings import apply_offline_switches
 from evotrainer.trainer.sandbox import isolation_mode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, Field
 
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 
 STATIC: dict[str, dict[str, object]] = {  # harness.yaml keys changed from the template
     "reference": {},

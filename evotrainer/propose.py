@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 
 
 class Proposal(BaseModel):
@@ -125,7 +125,7 @@ def verdict_for(run_dir: str | Path, result):
     would start from it; written to reports/verdict-<branch>.json."""
     from evotrainer.agents.critic import judge, rule_of
     from evotrainer.agents.schemas import Intervention
-    from evotrainer.files import atomic_write_text
+    from evotrainer.base.files import atomic_write_text
     from evotrainer.trainer.evidence import branch_dir
     from evotrainer.workspaces.run import RunWorkspace
 

@@ -23,8 +23,8 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel
 
 from evotrainer.agents.schemas import Bottleneck, ExpectedEffect
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
 from evotrainer.graph.nodes import Loop
 from evotrainer.graph.state import SERIALIZED, LoopState

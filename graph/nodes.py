@@ -20,8 +20,8 @@ from pathlib import Path
 from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
 from evotrainer.agents.critic import choose, judge, rule_of
 from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
 from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.memory.embeddings import EMBEDDINGS
 from evotrainer.memory.skill import Outcome, Skill
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.settings import apply_offline_switches
+from evotrainer.base.settings import apply_offline_switches
 
 apply_offline_switches()
 

@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import (
     REPLAY_GATE,

@@ -9,6 +9,7 @@ import time
 import pytest
 import yaml
 
+from evotrainer.base.errors import UserError
 from evotrainer.compare import (
     BUDGETS,
     STATIC,
@@ -20,7 +21,6 @@ from evotrainer.compare import (
     static_harness,
     summarize,
 )
-from evotrainer.errors import UserError
 from evotrainer.trainer.harness import load_spec
 
 from .conftest import last_json, run_cli

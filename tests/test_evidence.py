@@ -1,7 +1,7 @@
 import pyarrow as pa
 import pytest
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.trainer.evidence import ROLLOUT_SCHEMA, EvidenceWriter, read_rollouts, read_steps
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.workspaces.repo import HarnessRepo
 
 SECRET = "sk-test-secret"

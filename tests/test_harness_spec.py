@@ -2,7 +2,7 @@ import shutil
 
 import pytest
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.trainer.harness import TRAINER_KEYS, load_spec
 from evotrainer.workspaces import TEMPLATES
 

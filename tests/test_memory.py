@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from evotrainer.agents.schemas import ExpectedEffect, Intervention, Verdict
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.embeddings import HashingEmbedding, MiniLMEmbedding
 from evotrainer.memory.skill import Skill, Trigger, Validation

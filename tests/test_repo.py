@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.workspaces.repo import HarnessRepo, slugify
 
 

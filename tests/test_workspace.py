@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.workspaces import TEMPLATES
 from evotrainer.workspaces.run import LAYOUT, RunWorkspace
 

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.evidence import read_rollouts, read_steps
 from evotrainer.trainer.reward_gates import (
@@ -557,7 +557,7 @@ def score_in_child(harness_dir: Path, evidence: Path, generation: int | None, br
     """A harness's code scores stored rollouts in an isolated child (`replay_scores`); only its scores come back."""
     import shutil
 
-    from evotrainer.files import atomic_write_text
+    from evotrainer.base.files import atomic_write_text
     from evotrainer.trainer import jobs
     from evotrainer.trainer.domains import get_domain
     from evotrainer.trainer.harness import load_spec
@@ -736,7 +736,7 @@ def backtest(run_dir: str | Path, branch: str, *, replay_only: bool = False, cfg
     The result is written to reports/backtest-<branch>.json and .md only when every part succeeded; any
     failure (missing branch, no evidence, a crashing candidate) raises one UserError and writes nothing.
     """
-    from evotrainer.files import atomic_write_text
+    from evotrainer.base.files import atomic_write_text
     from evotrainer.trainer import jobs
     from evotrainer.trainer.evidence import branch_dir
     from evotrainer.trainer.harness import load_spec

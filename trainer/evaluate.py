@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 
 SEALED_FILE = Path(__file__).parent / "domains" / "sealed.json"
 

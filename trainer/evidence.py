@@ -22,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 
 # The fixed columns of a rollout row; reward_<component> columns are added per harness, and
 # multi-turn domains add turns, tool_calls, tool_errors, transcript.

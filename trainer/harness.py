@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 
 # The GRPOConfig knobs a harness may set (DESIGN §11), with TRL's own names. Everything else
 # (output paths, devices, logging, seeds) belongs to the backend, never to an agent's edit.
@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
     """Child entry point: `python -m evotrainer.trainer.harness HARNESS_DIR BATCH.json RESULT.json`."""
     import json
 
-    from evotrainer.files import atomic_write_text
+    from evotrainer.base.files import atomic_write_text
 
     data = json.loads(Path(argv[1]).read_text())
     problems = check_harness(argv[0], data["batch"], data.get("env"))

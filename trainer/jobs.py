@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
 
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
 from evotrainer.trainer.grpo import TrainSpec, child_dir
 from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy, default_configs

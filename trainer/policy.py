@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 
 # Every character the domains write, plus three specials. Order is part of the cache key.
 CHARSET = "0123456789+-*/=()<>[]{}_#%!?:;.,'\"` \n\tabcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ$@&|^~\\"

@@ -34,8 +34,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from evotrainer.errors import UserError
-from evotrainer.settings import OFFLINE_ENV
+from evotrainer.base.errors import UserError
+from evotrainer.base.settings import OFFLINE_ENV
 
 PROGRESS_PREFIX = "@evotrainer-progress "
 SECRET_ENV = re.compile(r"(API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIAL|^AWS_|^HF_TOKEN)", re.IGNORECASE)
@@ -100,8 +100,8 @@ def _code_dirs() -> tuple[str, ...]:
     paths = set(prefixes)
     # sys.path beyond the installation (a test runner's rootdir, the current directory) is not the child's
     paths.update(p for p in sys.path if p and Path(p).exists() and any(p.startswith(x) for x in prefixes))
-    for name in ("evotrainer", "evotrainer.agents", "evotrainer.graph", "evotrainer.trainer", "evotrainer.memory",
-                 "evotrainer.workspaces"):
+    for name in ("evotrainer", "evotrainer.base", "evotrainer.agents", "evotrainer.graph", "evotrainer.trainer",
+                 "evotrainer.memory", "evotrainer.workspaces"):
         spec = importlib.util.find_spec(name)
         paths.update(spec.submodule_search_locations or ())
     resolved = sorted({str(Path(p).resolve()) for p in paths})

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.trainer import jobs
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.grpo import TrainSpec, harness_commit

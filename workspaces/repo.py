@@ -42,7 +42,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.workspaces import TEMPLATES
 
 IDENTITY = {"GIT_AUTHOR_NAME": "EvoTrainer", "GIT_AUTHOR_EMAIL": "evotrainer@localhost",

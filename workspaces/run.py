@@ -26,8 +26,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.workspaces.repo import HarnessRepo
 
 LAYOUT = ("harness", "worktrees", "checkpoints", "evidence", "reports")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.trainer.diagnostics import Finding
 
 
@@ -104,7 +104,7 @@ def validate(spec: HistorySpec) -> AnalyzerValidation:
 def validate_on_history(run_dir: str | Path, harness_dir: str | Path, only: list[str] | None = None
                         ) -> AnalyzerValidation:
     """Parent side: every judged candidate branch of the run, its evidence, the analyzers of `harness_dir`."""
-    from evotrainer.files import atomic_write_text
+    from evotrainer.base.files import atomic_write_text
     from evotrainer.trainer import jobs
     from evotrainer.trainer.harness import load_spec
     from evotrainer.trainer.sandbox import Isolation, Limits

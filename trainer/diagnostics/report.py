@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel
 
-from evotrainer.errors import UserError
-from evotrainer.files import atomic_write_text
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
 from evotrainer.trainer.diagnostics import Finding, run_all
 from evotrainer.trainer.evidence import branch_dir, read_rollouts, read_steps
 

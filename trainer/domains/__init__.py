@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evotrainer.errors import UserError
+from evotrainer.base.errors import UserError
 from evotrainer.trainer.domains.base import Domain, Grade, Task, fingerprint, grade_all
 
 DOMAINS = ("math", "code", "swe")
