@@ -73,7 +73,7 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
 ) -> None:
     """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
-    from evotrainer.trainer.train import DEFAULT_EVAL_K, DEFAULT_STEPS, TrainRequest, run_train
+    from evotrainer.train import DEFAULT_EVAL_K, DEFAULT_STEPS, TrainRequest, run_train
 
     steps = steps or DEFAULT_STEPS.get(domain, 150)
     eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
@@ -323,9 +323,9 @@ def validate_analyzer(
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Replay a new analyzer over every judged branch of a run: precision and recall against the verdicts."""
-    from evotrainer.trainer.diagnostics.history import validate_on_history
+    from evotrainer.workspaces.run import RunWorkspace
 
-    result = validate_on_history(run, harness_dir, only or None)
+    result = RunWorkspace.open(run).validate_analyzers(harness_dir, only or None)
     if as_json:
         print(result.model_dump_json())
     else:

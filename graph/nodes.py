@@ -23,6 +23,7 @@ from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, Pl
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
+from evotrainer.graph.lessons import lesson_of
 from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.store import SkillStore
@@ -351,8 +352,6 @@ class Loop:
     # -- revise diagnostics --------------------------------------------------------------------
     def revise_diagnostics(self, state: LoopState) -> dict:
         """A new divergence gate for the component that rose without dev, kept only if history agrees."""
-        from evotrainer.trainer.diagnostics.history import validate_on_history
-
         g, ws = state.generation, self.ws
         branch = state.revise[0]
         cand = next(c for c in state.candidates if c.branch == branch)
@@ -367,7 +366,7 @@ class Loop:
         for rel, text in {**harness_files(self.champion_dir()), **change.files}.items():
             atomic_write_text(trial / rel, text)
         try:
-            val = validate_on_history(ws.path, trial, [aid])
+            val = ws.validate_analyzers(trial, [aid])
         except UserError as e:
             self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=aid, committed=False,
                              reason=str(e))
@@ -408,9 +407,9 @@ class Loop:
                                          "no lesson about the change")
                 continue
             bt = self._backtest_of(cand)
-            skill, merged = distill(self.store, cand.intervention, v, self.cfg.domain, findings=state.findings,
-                                    diagnosis=state.diagnosis.summary if state.diagnosis else "", backtest=bt,
-                                    run=ws.path.name, generation=g, commit=cand.commit)
+            skill, merged = distill(self.store, lesson_of(
+                cand.intervention, v, self.cfg.domain, findings=state.findings, backtest=bt, run=ws.path.name,
+                diagnosis=state.diagnosis.summary if state.diagnosis else "", generation=g, commit=cand.commit))
             outcome = "positive" if v.decision == "promote" else "negative"
             for sid in (s for s in cand.intervention.sources if s.startswith("sk-")):
                 try:

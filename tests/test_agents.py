@@ -11,6 +11,7 @@ from evotrainer.agents.offline.catalog import CATALOG, apply
 from evotrainer.agents.offline.edits import EditError, remove_reward, set_knob, set_threshold
 from evotrainer.agents.offline.policy import OfflinePolicy
 from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, PlanInput, Verdict
+from evotrainer.graph.lessons import lesson_of
 from evotrainer.memory.distill import distill, trigger_of
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
@@ -286,7 +287,7 @@ def test_skills_shape_the_offline_plan(tmp_path):
                          (negative, Verdict(branch="cand/g1-n", decision="reject", effect=-0.02, ci_low=-0.05,
                                             ci_high=0.01))):
         iv = policy._intervention(1, CATALOG[tid], apply(tid, TEMPLATE, SICK), [])
-        distill(store, iv, verdict, "math", findings=SICK, diagnosis=diag.summary, run="r1", commit=tid)
+        distill(store, lesson_of(iv, verdict, "math", findings=SICK, diagnosis=diag.summary, run="r1", commit=tid))
     trigger = trigger_of(SICK, diag.summary)
     hits = store.query(trigger.text, k=10, domain="math", analyzers=trigger.analyzers)
     plan = policy.plan(inp.model_copy(update={"skills": hits}))
@@ -324,9 +325,9 @@ def test_the_loop_switches_cut_memory_and_revision(on, tmp_path):
     diag = Diagnosis(generation=1, summary="; ".join(f.message for f in SICK[:3]))
     ranked = policy.plan(PlanInput(generation=1, domain="math", k=20, diagnosis=diag, findings=SICK, files=TEMPLATE))
     last = ranked.interventions[-1].transform  # far from the top without memory
-    distill(store, policy._intervention(1, CATALOG[last], apply(last, TEMPLATE, SICK), []),
+    distill(store, lesson_of(policy._intervention(1, CATALOG[last], apply(last, TEMPLATE, SICK), []),
             Verdict(branch="cand/g0-p", decision="promote", effect=0.04, ci_low=0.01, ci_high=0.07), "math",
-            findings=SICK, diagnosis=diag.summary, run="earlier", commit=last)
+            findings=SICK, diagnosis=diag.summary, run="earlier", commit=last))
     loop = Loop(ws, policy, store, EventLog(ws.path / "events.jsonl"))
     plan = loop.plan(LoopState(findings=SICK, diagnosis=diag))["plan"]
     sources = [s for iv in plan.interventions for s in iv.sources]

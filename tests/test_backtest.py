@@ -296,8 +296,6 @@ def test_agreement_metrics():
 
 def test_new_analyzer_validated_on_history(run, tmp_path):
     """After the scenarios above, the run's history holds promoted and rejected branches."""
-    from evotrainer.trainer.diagnostics.history import validate_on_history
-
     repo = run.harness
     open_bug = [r.branch for r in repo.lineage() if r.branch.startswith("cand/g1-lenient-parser-short")][0]
     repo.reject(open_bug, 1, "failed gate shaped_vs_sealed")
@@ -312,7 +310,7 @@ def test_new_analyzer_validated_on_history(run, tmp_path):
         "    value = float(late['formatted'].mean())\n"
         "    return [Finding(analyzer='format_collapse', metric='late_format_rate', value=value,\n"
         "                    severity='critical', message='format collapsed')] if value < t['rate'] else []\n")
-    res = validate_on_history(run.path, harness)
+    res = run.validate_analyzers(harness)
     by = {s.branch: s for s in res.slices}
     assert by[open_bug].flagged and by[open_bug].status == "rejected"
     promoted = [s for s in res.slices if s.status == "promoted"]

@@ -57,7 +57,7 @@ def test_missing_harness_file(tmp_path):
 def test_harness_commit_only_for_the_root_of_a_repository(harness):
     import subprocess
 
-    from evotrainer.trainer.grpo import harness_commit
+    from evotrainer.workspaces.repo import harness_commit
 
     assert harness_commit(harness) == ""
     git = ["git", "-C", str(harness), "-c", "user.name=t", "-c", "user.email=t@t"]

@@ -19,6 +19,7 @@ from evotrainer.agents.offline.policy import OfflinePolicy
 from evotrainer.agents.schemas import Intervention, Verdict
 from evotrainer.graph.build import drive
 from evotrainer.graph.events import EventLog
+from evotrainer.graph.lessons import lesson_of
 from evotrainer.memory.distill import distill
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.diagnostics import Finding
@@ -94,11 +95,12 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     proven = next(t for t in ("scale_rewards", "temperature", "more_iterations", "loss_type") if t not in used)
     health = json.loads((run / "reports" / "health-g1-main.json").read_text())
     diag = json.loads((run / "reports" / "diagnosis-g2.json").read_text())
-    distill(store, Intervention(id="elsewhere", hypothesis="If X, dev improves", factor=CATALOG[proven].factor,
-                                change=CATALOG[proven].summary, transform=proven),
-            Verdict(branch="cand/g1-elsewhere", decision="promote", effect=0.03, ci_low=0.01, ci_high=0.05), "math",
-            findings=[Finding(**f) for f in health["findings"]], diagnosis=diag["summary"], run="another-run",
-            commit="0" * 40)
+    elsewhere = Intervention(id="elsewhere", hypothesis="If X, dev improves", factor=CATALOG[proven].factor,
+                             change=CATALOG[proven].summary, transform=proven)
+    distill(store, lesson_of(elsewhere, Verdict(branch="cand/g1-elsewhere", decision="promote", effect=0.03,
+                                                ci_low=0.01, ci_high=0.05), "math",
+                             findings=[Finding(**f) for f in health["findings"]], diagnosis=diag["summary"],
+                             run="another-run", commit="0" * 40))
     second = run_cli(*_args(tmp_path / "second", tiny_policy, skills, 1, 2))
     assert second.returncode == 0, second.stderr[-3000:]
     plan = json.loads((tmp_path / "second" / "reports" / "plan-g1.json").read_text())

@@ -13,6 +13,7 @@ import pytest
 
 from evotrainer.agents.schemas import ExpectedEffect, Intervention, Verdict
 from evotrainer.base.errors import UserError
+from evotrainer.graph.lessons import lesson_of
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.embeddings import HashingEmbedding, MiniLMEmbedding
 from evotrainer.memory.skill import Skill, Trigger, Validation
@@ -137,28 +138,32 @@ DROP = Intervention(id="i1", hypothesis="if we drop dead groups, dev improves be
 @pytest.mark.parametrize("embedding", ["minilm", "hashing"])
 def test_distilling_the_same_lesson_twice_merges_the_evidence(tmp_path, embedding):
     store = SkillStore(tmp_path / "s", embedding=embedding)
-    first, merged = distill(store, DROP, Verdict(branch="cand/g1-drop", decision="promote"), "math", findings=DEAD,
-                            backtest=_backtest(0.02, 0.004, 0.036, "cand/g1-drop", "aaa"))
+
+    def learn(iv, branch, decision, domain, findings, bt, **verdict):
+        return distill(store, lesson_of(iv, Verdict(branch=branch, decision=decision, **verdict), domain,
+                                        findings=findings, backtest=bt))
+    first, merged = learn(DROP, "cand/g1-drop", "promote", "math", DEAD, _backtest(0.02, 0.004, 0.036, "cand/g1-drop",
+                                                                                   "aaa"))
     assert not merged and first.outcome == "positive" and first.trigger.analyzers == ["dead_groups"]
-    again, merged = distill(store, DROP, Verdict(branch="cand/g1-drop", decision="promote"), "math", findings=DEAD,
-                            backtest=_backtest(0.02, 0.004, 0.036, "cand/g1-drop", "aaa"))
+    again, merged = learn(DROP, "cand/g1-drop", "promote", "math", DEAD, _backtest(0.02, 0.004, 0.036, "cand/g1-drop",
+                                                                                   "aaa"))
     assert merged and again.id == first.id and len(again.validations) == 1  # the same backtest adds nothing
     # a later run, another diagnosis text of the same failure, a weaker effect: one skill, combined evidence
-    second, merged = distill(store, DROP, Verdict(branch="cand/g3-drop", decision="reject"), "math",
-                             findings=DEAD_AGAIN, backtest=_backtest(0.0, -0.016, 0.016, "cand/g3-drop", "bbb"))
+    second, merged = learn(DROP, "cand/g3-drop", "reject", "math", DEAD_AGAIN,
+                           _backtest(0.0, -0.016, 0.016, "cand/g3-drop", "bbb"))
     assert merged and second.id == first.id and len(store) == 1 and len(second.validations) == 2
     assert 0.0 < second.effect < 0.02 and second.ci_high - second.ci_low < 0.032  # inverse-variance combination
     # the same factor in another domain, positive again: general
     code_dead = [DEAD[0].model_copy(update={"message": "57% of groups all fail the hidden tests"})]
-    third, merged = distill(store, DROP, Verdict(branch="cand/g1-drop", decision="promote"), "code",
-                            findings=code_dead, backtest=_backtest(0.03, 0.01, 0.05, "cand/g1-drop", "ccc"))
+    third, merged = learn(DROP, "cand/g1-drop", "promote", "code", code_dead,
+                          _backtest(0.03, 0.01, 0.05, "cand/g1-drop", "ccc"))
     assert merged and third.general and third.domains == ["code", "math"]
     assert [s.id for s in store.list(domain="swe")] == [first.id]  # general skills show in every domain
     # another factor after the same diagnosis is another lesson; a gate makes it negative whatever its effect
     temp = DROP.model_copy(update={"factor": "recipe.temperature", "change": "temperature 1.2", "transform": None})
-    other, merged = distill(store, temp, Verdict(branch="cand/g2-temp", decision="reject",
-                                                 failed_gates=["shaped_vs_sealed"]), "math", findings=DEAD,
-                            backtest=_backtest(0.05, 0.02, 0.08, "cand/g2-temp", "ddd"))
+    other, merged = learn(temp, "cand/g2-temp", "reject", "math", DEAD, _backtest(0.05, 0.02, 0.08, "cand/g2-temp",
+                                                                                  "ddd"),
+                          failed_gates=["shaped_vs_sealed"])
     assert not merged and other.outcome == "negative" and "blocked by shaped_vs_sealed" in other.lesson
     assert len(store) == 2
 
@@ -246,6 +251,6 @@ def test_a_promoted_repair_is_a_positive_lesson_at_a_dev_cost():
     assert skill(still_gated).outcome == "negative"
     v = Verdict(branch="cand/g1-close-leak", decision="promote", effect=-0.058, ci_low=-0.11, ci_high=-0.007,
                 repairs=["leak_usage"])
-    from evotrainer.memory.distill import validation_of
+    from evotrainer.graph.lessons import validation_of
 
     assert validation_of(v, "swe").repairs == ["leak_usage"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,19 +55,6 @@ class TrainSpec(BaseModel):
 def child_dir(spec: TrainSpec) -> Path:
     """The one directory a training child may write: TRL's resumable state, raw evidence, the final policy."""
     return Path(spec.out_dir) / "child"
-
-
-def harness_commit(harness_dir: str | Path) -> str:
-    """The commit of a harness repository (or worktree), '' when the directory is not the root of one."""
-    try:
-        out = subprocess.run(["git", "-C", str(harness_dir), "rev-parse", "--show-toplevel", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    lines = out.stdout.split()
-    if out.returncode or len(lines) != 2 or Path(lines[0]).resolve() != Path(harness_dir).resolve():
-        return ""  # e.g. the template inside the package's own checkout: not a harness repository
-    return lines[1]
 
 
 def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float]):

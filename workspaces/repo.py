@@ -118,6 +118,19 @@ def _run(args: Iterable[str], *, cwd: Path, git_dir: Path | None = None, work_tr
     return res.stdout
 
 
+def harness_commit(harness_dir: str | Path) -> str:
+    """The commit of a harness repository (or worktree) at `harness_dir`, '' when the directory is not the root of
+    one (the template inside the package's own checkout, a plain directory): what `evotrainer train` records."""
+    harness_dir = Path(harness_dir).resolve()
+    try:
+        lines = _run(["rev-parse", "--show-toplevel", "HEAD"], cwd=harness_dir).decode().split()
+    except (UserError, OSError):
+        return ""
+    if len(lines) != 2 or Path(lines[0]).resolve() != harness_dir:
+        return ""
+    return lines[1]
+
+
 @contextmanager
 def _user_errors(what: str) -> Iterator[None]:
     """Filesystem and archive failures as one `UserError` sentence (a `UserError` passes as it is)."""

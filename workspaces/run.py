@@ -192,6 +192,16 @@ class RunWorkspace:
 
         return jobs.warm_policy(cfg.domain, cfg.seed, self.path, on_progress=on_progress)
 
+    def validate_analyzers(self, harness_dir: str | Path, only: list[str] | None = None):
+        """The analyzers of `harness_dir` replayed over every judged candidate branch of this run
+        (`trainer.diagnostics.history`), judged by the champion's thresholds."""
+        from evotrainer.trainer.diagnostics.history import Slice, validate_on_history
+        from evotrainer.trainer.harness import load_spec
+
+        slices = [Slice(generation=r.generation, branch=r.branch, status=r.status) for r in self.harness.lineage()]
+        return validate_on_history(harness_dir, slices, evidence=self.path / "evidence",
+                                   thresholds=load_spec(self.path / "harness").analyzers, work=self.path, only=only)
+
     @contextmanager
     def lock(self) -> Iterator[None]:
         """Exclusive ownership of the run; a second driver gets an error naming the holder's pid."""

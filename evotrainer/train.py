@@ -26,9 +26,10 @@ from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.trainer import jobs
 from evotrainer.trainer.domains import get_domain
-from evotrainer.trainer.grpo import TrainSpec, harness_commit
+from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces import TEMPLATES
+from evotrainer.workspaces.repo import harness_commit
 
 # GRPO steps of `evotrainer train` when --steps is not given. SWE episodes cost ~20x a math step, and the
 # template's history leak takes over within ~40 steps (README: the SWE domain).
