@@ -26,30 +26,9 @@ hidden pass rate: that gap is the champion reward's, not the change's).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
-
 from evotrainer.agents.schemas import Intervention, Verdict
+from evotrainer.base.config import PromotionRule
 from evotrainer.trainer.backtest import BacktestResult
-
-
-class PromotionRule(BaseModel):
-    """Configurable, never bypassed: gates always veto."""
-
-    min_ci_low: float = Field(0.0, description="the paired dev interval's lower bound must exceed this")
-    max_promotions: int = Field(1, ge=0, description="winners per generation")
-    repair_margin: float = Field(0.0, description="a candidate that passes a gate the champion fails is promoted "
-                                                  "when its paired dev effect is at least -repair_margin")
-    replay_only: bool = Field(False, description="ablation: with no short run, promote when every gate passes and "
-                                                 "the replay moved the hypothesised metric its way")
-    revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
-                                                        "minus control, both under the candidate's reward) without a "
-                                                        "dev gain that asks for diagnostics revision")
-
-
-def rule_of(loop) -> PromotionRule:
-    """The promotion rule a run's `run.yaml` (its `LoopConfig`) sets: the loop's Critic and `backtest --judge`."""
-    return PromotionRule(min_ci_low=loop.min_ci_low, max_promotions=loop.max_promotions,
-                         replay_only=not loop.short_runs)
 
 
 def moved_as_hypothesised(intervention: Intervention, backtest: BacktestResult) -> bool | None:

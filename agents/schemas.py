@@ -5,6 +5,7 @@ Findings come from `trainer.diagnostics.Finding`, backtests from `trainer.backte
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -48,6 +49,30 @@ class Verdict(BaseModel):
                                                                          "too: not this change's doing")
     lesson: str = Field("", description="what a later generation should learn from this candidate, in one or two "
                                         "sentences")
+
+
+class VerdictRecord(Verdict):
+    """A judged candidate as its run keeps it: `reports/verdict-<branch>.json` and the annotation of the candidate's
+    git tag (`gen-<N>` when promoted, `rejected/<name>` otherwise) hold this same record."""
+
+    intervention: Intervention | None = None
+    author: str = Field("", description="who judged it: the meta-policy's label, or `promotion rule` "
+                                        "(`evotrainer backtest --judge`)")
+    generation: int = 0
+
+    @property
+    def transform(self) -> str | None:
+        return self.intervention.transform if self.intervention else None
+
+    @classmethod
+    def load(cls, path: Path) -> VerdictRecord | None:
+        """The record at `path`, None when the candidate was not judged yet."""
+        return cls.model_validate_json(path.read_text()) if path.is_file() else None
+
+    def save(self, path: Path) -> None:
+        from evotrainer.base.files import atomic_write_text
+
+        atomic_write_text(path, self.model_dump_json(indent=2))
 
 
 class Bottleneck(BaseModel):

@@ -146,7 +146,6 @@ def champion_run(out: Path, domain: str, seed: int, steps: int):
 
 def cell(ws, name: str, kind: str, weight, changed: dict[str, str], files: dict[str, str], cfg, screen: bool) -> dict:
     from evotrainer.propose import propose, verdict_for
-    from evotrainer.trainer.backtest import backtest
 
     started = time.time()
     patch = ws.path / "specs" / f"planted-{name}.diff"
@@ -155,7 +154,7 @@ def cell(ws, name: str, kind: str, weight, changed: dict[str, str], files: dict[
     record = next((r for r in ws.harness.lineage() if r.branch.endswith(f"-planted-{name}")), None)
     branch = record.branch if record else propose(ws.path, patch, f"reward.{name}" if kind == "hack" else name,
                                                   f"planted {kind}: {name}", name=f"planted-{name}").branch
-    res = backtest(ws.path, branch, cfg=cfg, screen=screen)
+    res = ws.backtest(branch, cfg=cfg, screen=screen)
     verdict = verdict_for(ws.path, res)
     s, term = res.short_run, None
     if s and s.cross and kind == "hack":
@@ -181,13 +180,11 @@ def main() -> None:
     args = ap.parse_args()
     apply_offline_switches()
     from evotrainer.agents.coder import harness_files
-    from evotrainer.graph.build import LOOP_DEFAULTS
-    from evotrainer.trainer.backtest import ShortRunConfig
+    from evotrainer.base.config import loop_config
     from evotrainer.workspaces import TEMPLATES
-    from evotrainer.workspaces.run import LoopConfig
 
-    lc = LoopConfig(**LOOP_DEFAULTS.get(args.domain, {}))
-    cfg = ShortRunConfig(steps=lc.backtest_steps, seeds=lc.seeds, max_seeds=lc.max_seeds, dev_items=lc.dev_items)
+    lc = loop_config(args.domain)
+    cfg = lc.backtest
     files = harness_files(TEMPLATES / args.domain)
     todo = scenarios(args.domain, files, args.weights)
     todo = {k: v for k, v in todo.items() if not args.only or k in args.only}

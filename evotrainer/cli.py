@@ -250,11 +250,13 @@ def backtest(
     branch: Annotated[str, typer.Argument(help="a candidate branch, e.g. cand/g1-drop-dead-groups")],
     replay_only: Annotated[bool, typer.Option("--replay-only", help="replay on stored rollouts only, no training")]
     = False,
-    seeds: Annotated[int, typer.Option(min=1, help="seeds of the first short-run round")] = 2,
+    seeds: Annotated[int | None, typer.Option(min=1, help="seeds of the first short-run round (default: the run's "
+                                                       "loop.backtest)")] = None,
     max_seeds: Annotated[int | None, typer.Option(min=1, help="extend a promising candidate up to this many seeds "
-                                                          "(default: seeds + 2)")] = None,
-    steps: Annotated[int, typer.Option(min=1, help="GRPO steps of each short-run arm")] = 30,
-    dev_items: Annotated[int | None, typer.Option(min=1, help="sealed dev items per evaluation (default: all)")]
+                                                          "(default: the run's)")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="GRPO steps of each short-run arm (default: the run's)")]
+    = None,
+    dev_items: Annotated[int | None, typer.Option(min=1, help="sealed dev items per evaluation (default: the run's)")]
     = None,
     generation: Annotated[int | None, typer.Option(help="replay the champion line's rollouts of this generation")]
     = None,
@@ -266,13 +268,16 @@ def backtest(
 ) -> None:
     """Backtest a candidate: replay on stored rollouts (a gate it fails ends the backtest there, unless --no-screen),
     then short runs against the champion (paired, sequential)."""
-    from evotrainer.trainer.backtest import ShortRunConfig
-    from evotrainer.trainer.backtest import backtest as run_backtest
+    from evotrainer.trainer.backtest import BacktestConfig
+    from evotrainer.workspaces.run import RunWorkspace
 
-    cfg = ShortRunConfig(steps=steps, seeds=seeds, max_seeds=max(max_seeds or seeds + 2, seeds), dev_items=dev_items)
+    ws = RunWorkspace.open(run)
+    given = {k: v for k, v in dict(steps=steps, seeds=seeds, max_seeds=max_seeds, dev_items=dev_items).items()
+             if v is not None}
+    cfg = BacktestConfig(**{**ws.config().loop.backtest.model_dump(), **given})
     with progress_display(not as_json) as feed:
-        result = run_backtest(run, branch, replay_only=replay_only, cfg=cfg, generation=generation, on_progress=feed,
-                              screen=not no_screen)
+        result = ws.backtest(branch, replay_only=replay_only, cfg=cfg, generation=generation,
+                                                 on_progress=feed, screen=not no_screen)
     verdict = None
     if judge:
         from evotrainer.propose import verdict_for
@@ -368,8 +373,8 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
         return "" if x is None else f"{x:.3f}"
 
     for h in summary.history:
-        table.add_row(str(h["generation"]), h["champion_commit"][:8], f(h["dev_trained"]), f(h["dev_accuracy"]),
-                      h["promoted"] or "-", str(len(h["rejected"])), h["revised"] or "-")
+        table.add_row(str(h.generation), h.champion_commit[:8], f(h.dev_trained), f(h.dev_accuracy),
+                      h.promoted or "-", str(len(h.rejected)), h.revised or "-")
     con = Console()
     con.print(table)
     for r in summary.rejected:
@@ -380,6 +385,19 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
               f"{summary.steps_used} GRPO steps, {summary.seconds_used:.0f} s, ${summary.llm_dollars:.2f} meta-LLM; "
               f"{summary.skills} skills in memory. Stopped: {summary.stop_reason}.")
     con.print(f"next: `evotrainer branches {ws.path}`, `evotrainer skills list`, {ws.path / 'reports'}/")
+
+
+def _llm_cost(text: str) -> list[float]:
+    """`--llm-cost IN,OUT`: two non-negative dollars per million tokens, or one clear error."""
+    parts = text.split(",")
+    try:
+        cost = [float(x) for x in parts]
+    except ValueError:
+        cost = []
+    if len(cost) != 2 or min(cost) < 0:
+        raise UserError(f"--llm-cost {text!r} must be two non-negative numbers 'IN,OUT' (dollars per million input "
+                        "and output tokens), e.g. 0.15,0.60")
+    return cost
 
 
 @app.command()
@@ -413,20 +431,15 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
 ) -> None:
     """Co-evolve the policy and its harness: train, diagnose, plan, implement, backtest, critique, promote, distill."""
+    from evotrainer.base.config import nest
     from evotrainer.graph.build import open_run
 
     overrides = {k: v for k, v in dict(train_steps=train_steps, backtest_steps=backtest_steps, seeds=seeds,
                                        max_seeds=max_seeds, dev_items=dev_items).items() if v is not None}
+    overrides = nest(overrides)  # --backtest-steps, --seeds, ... set loop.backtest
     budget = {"generations": generations, "candidates": candidates, "train_steps": max_train_steps,
               "llm_dollars": max_dollars, "wall_clock_s": max_minutes * 60 if max_minutes else None}
-    cost = None
-    if llm_cost:
-        try:
-            cost = [float(x) for x in llm_cost.split(",")]
-            assert len(cost) == 2 and min(cost) >= 0
-        except (ValueError, AssertionError):
-            raise UserError(f"--llm-cost {llm_cost!r} must be two non-negative numbers 'IN,OUT' (dollars per million "
-                            "input and output tokens), e.g. 0.15,0.60") from None
+    cost = _llm_cost(llm_cost) if llm_cost else None
     if (directory / "run.yaml").is_file():
         raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
                         "choose a new directory")

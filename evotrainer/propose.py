@@ -123,18 +123,16 @@ def propose(run_dir: str | Path, patch_file: str | Path, factor: str, hypothesis
 def verdict_for(run_dir: str | Path, result):
     """The promotion rule's verdict on a backtest result of run `run_dir` (its run.yaml's rule), as the Critic
     would start from it; written to reports/verdict-<branch>.json."""
-    from evotrainer.agents.critic import judge, rule_of
-    from evotrainer.agents.schemas import Intervention
-    from evotrainer.base.files import atomic_write_text
-    from evotrainer.trainer.evidence import branch_dir
+    from evotrainer.agents.critic import judge
+    from evotrainer.agents.schemas import Intervention, VerdictRecord
     from evotrainer.workspaces.run import RunWorkspace
 
     ws = RunWorkspace.open(run_dir)
-    rule = rule_of(ws.config().loop)
+    rule = ws.config().loop.rule()
     record = next(r for r in ws.harness.lineage() if r.branch == result.branch)
     iv = Intervention(id=record.intervention_id or record.branch, hypothesis=record.hypothesis or "(none)",
                       factor=record.factor or "(none)", change=record.factor or "(none)")
     verdict = judge(iv, result, rule)
-    atomic_write_text(ws.path / "reports" / f"verdict-{branch_dir(result.branch)}.json",
-                      verdict.model_dump_json(indent=2))
+    VerdictRecord(**verdict.model_dump(), intervention=iv, author="promotion rule",
+                  generation=record.generation).save(ws.verdict_path(result.branch))
     return verdict

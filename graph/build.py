@@ -23,14 +23,15 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel
 
 from evotrainer.agents.schemas import Bottleneck, ExpectedEffect
+from evotrainer.base.config import loop_config
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
 from evotrainer.graph.nodes import Loop
-from evotrainer.graph.state import SERIALIZED, LoopState
+from evotrainer.graph.state import SERIALIZED, GenerationRecord, LoopState
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.sandbox import isolation_mode
-from evotrainer.workspaces.run import LoopConfig, RunWorkspace
+from evotrainer.workspaces.run import RunWorkspace
 
 THREAD = {"configurable": {"thread_id": "evotrainer"}}
 NODES = ("train", "diagnose", "plan", "implement", "backtest", "critique", "promote", "revise_diagnostics",
@@ -72,7 +73,7 @@ class RunSummary(BaseModel):
     seconds_used: float
     llm_dollars: float
     skills: int
-    history: list[dict]
+    history: list[GenerationRecord]
 
     def markdown(self) -> str:
         lines = [f"# Run {self.run}", "",
@@ -82,8 +83,8 @@ class RunSummary(BaseModel):
                  f"${self.llm_dollars:.2f} of meta-LLM.", "",
                  "| gen | champion | dev after train | dev at end | promoted | revised |", "|---|---|---|---|---|---|"]
         for h in self.history:
-            lines.append(f"| {h['generation']} | {h['champion_commit'][:8]} | {h['dev_trained']} | "
-                         f"{h['dev_accuracy']} | {h['promoted'] or '-'} | {h['revised'] or '-'} |")
+            lines.append(f"| {h.generation} | {h.champion_commit[:8]} | {h.dev_trained} | {h.dev_accuracy} | "
+                         f"{h.promoted or '-'} | {h.revised or '-'} |")
         if self.rejected:
             lines += ["", "Rejected:", *[f"- {r}" for r in self.rejected]]
         return "\n".join(lines) + "\n"
@@ -98,7 +99,7 @@ def summarize(ws: RunWorkspace, state: LoopState, meta_label: str, finished: boo
         promoted=[h.promoted for h in hist if h.promoted], rejected=[r for h in hist for r in h.rejected],
         candidates=sum(len(h.candidates) for h in hist), steps_used=state.steps_used,
         seconds_used=state.seconds_used, llm_dollars=state.llm_dollars, skills=skills,
-        history=[h.model_dump() for h in hist])
+        history=list(hist))
 
 
 def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None = None,
@@ -140,17 +141,6 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None =
         atomic_write_text(ws.path / "reports" / "summary.md", summary.markdown())
         events.emit("run_end", stop_reason=stop, seconds=round(time.time() - started, 1))
         return summary
-
-
-# Per-domain loop settings where the general defaults do not fit. SWE: a step of 32 episodes takes ~9 s here and
-# a sealed evaluation ~0.15 s per episode, while the effects at stake (a leak learnt within tens of steps) need
-# short runs longer than the general 5 steps to show on sealed dev. About 13 minutes a generation on 2 cores.
-LOOP_DEFAULTS: dict[str, dict] = {"swe": {"train_steps": 12, "backtest_steps": 10, "dev_items": 200}}
-
-
-def loop_config(domain: str, overrides: dict | None = None) -> LoopConfig:
-    """The loop settings of a new run: the general defaults, the domain's (`LOOP_DEFAULTS`), then `overrides`."""
-    return LoopConfig(**{**LOOP_DEFAULTS.get(domain, {}), **(overrides or {})})
 
 
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
-from evotrainer.agents.critic import choose, judge, rule_of
-from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample
+from evotrainer.agents.critic import choose, judge
+from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample, VerdictRecord
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
@@ -28,8 +28,8 @@ from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
-from evotrainer.trainer.backtest import BacktestResult, ShortRunConfig, backtest
-from evotrainer.trainer.evidence import branch_dir, read_rollouts
+from evotrainer.trainer.backtest import backtest_all
+from evotrainer.trainer.evidence import read_rollouts
 from evotrainer.workspaces.run import RunWorkspace
 
 SAMPLES = 6
@@ -42,7 +42,7 @@ class Loop:
         self.ws, self.cfg, self.meta, self.store, self.events = ws, ws.config(), meta, store, events
         self.feed = feed or (lambda label: (lambda event: None))
         self.status = status or (lambda text: None)
-        self.rule = rule_of(self.cfg.loop)
+        self.rule = self.cfg.loop.rule()
 
     # -- plumbing ------------------------------------------------------------------------------
     def node(self, name: str, fn: Callable[[LoopState], dict]) -> Callable[[LoopState], dict]:
@@ -69,13 +69,8 @@ class Loop:
         """A snapshot of the champion harness (training and agents read it; nobody edits it)."""
         return self.ws.snapshot("main")[1]
 
-    def short_cfg(self) -> ShortRunConfig:
-        lc = self.cfg.loop
-        return ShortRunConfig(steps=lc.backtest_steps, seeds=lc.seeds, max_seeds=max(lc.max_seeds, lc.seeds),
-                              dev_items=lc.dev_items)
-
     def _evaluate(self, checkpoint: Path, out: Path) -> float:
-        return jobs.evaluate(checkpoint, self.cfg.domain, "dev", out, k=0, limit=self.cfg.loop.dev_items,
+        return jobs.evaluate(checkpoint, self.cfg.domain, "dev", out, k=0, limit=self.cfg.loop.backtest.dev_items,
                              seed=self.cfg.seed, expected_fingerprint=self.cfg.fingerprint).accuracy
 
     # -- train ---------------------------------------------------------------------------------
@@ -142,7 +137,8 @@ class Loop:
     def lineage(self) -> list[LineageEntry]:
         out = []
         for r in self.ws.harness.lineage():
-            transform = (self.ws.verdict(r.branch) or {}).get("transform")
+            record = VerdictRecord.load(self.ws.verdict_path(r.branch))
+            transform = record.transform if record else None
             out.append(LineageEntry(generation=r.generation, branch=r.branch, factor=r.factor, transform=transform,
                                     status=r.status, effect=r.effect, reason=r.reason))
         return out
@@ -234,60 +230,26 @@ class Loop:
 
     # -- backtest ------------------------------------------------------------------------------
     def backtest(self, state: LoopState) -> dict:
-        """Replay every candidate first (cheap: one that fails a replay gate gets no short run); then the shared
-        control arms and the candidates' short runs side by side, two training children at a time."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        from evotrainer.trainer.backtest import train_controls
-
+        """Every implemented candidate, replayed first, then short-run against the shared control arms
+        (`trainer.backtest.backtest_all`: the one place arms are scheduled)."""
         g, ws = state.generation, self.ws
-        cfg = self.short_cfg().model_copy(update={"parallel": 1})  # the pool below holds the two cores
         cands = [c.model_copy(deep=True) for c in state.candidates]
-        results: dict[int, BacktestResult] = {}
-        todo = []
-        for i, cand in enumerate(cands):
-            if not cand.commit:
-                continue
-            path = ws.path / "reports" / f"backtest-{branch_dir(cand.branch)}.json"
-            if path.is_file():
-                done = BacktestResult.model_validate_json(path.read_text())
-                if done.commit == cand.commit:
-                    results[i] = done
-                    continue
-            try:
-                screen = backtest(ws.path, cand.branch, replay_only=True, write=False)
-            except UserError as e:
-                cand.error = f"backtest failed: {e}"
-                continue
-            if screen.failed_gates or not self.cfg.loop.short_runs:  # gated, or the replay-only ablation
-                atomic_write_text(path.with_suffix(".md"), screen.markdown())
-                atomic_write_text(path, screen.model_dump_json(indent=2))
-                results[i] = screen
-            else:
-                todo.append(i)
-
-        def short(i: int) -> BacktestResult:
-            b = cands[i].branch
-            self.status(f"generation {g}: backtest {b}")
-            return backtest(ws.path, b, cfg=cfg, on_progress=lambda label: self.feed(f"g{g} {b} {label}"))
-
-        with ThreadPoolExecutor(max_workers=self.short_cfg().parallel) as pool:
-            if todo:
-                for s in range(cfg.seeds):  # the shared control first, so that no candidate waits for it idle
-                    pool.submit(train_controls, ws.path, g, cfg, [s], lambda label: self.feed(f"g{g} {label}"))
-            futures = {i: pool.submit(short, i) for i in todo}
-            for i, fut in futures.items():
-                try:
-                    results[i] = fut.result()
-                except UserError as e:
-                    cands[i].error = f"backtest failed: {e}"
+        todo = [ws.harness_at(c.branch, c.commit) for c in cands if c.commit]
+        results = backtest_all(ws.bench(g), todo, self.cfg.loop.backtest, short_runs=self.cfg.loop.short_runs,
+                               validated=True,  # implement commits nothing it has not validated
+                               on_progress=lambda label: self.feed(f"g{g} {label}"), status=self.status) \
+            if todo else {}
         steps, control_seeds = state.steps_used, set()
-        for i, r in results.items():
-            cands[i].backtest = str(ws.path / "reports" / f"backtest-{branch_dir(cands[i].branch)}.json")
-            if r.short_run:
-                steps += len(r.short_run.seeds) * r.short_run.steps  # the candidate's arms; the shared control's below
-                control_seeds |= set(r.short_run.seeds)
-        steps += len(control_seeds) * cfg.steps
+        for cand in cands:
+            r = results.get(cand.branch) if cand.commit else None
+            if isinstance(r, UserError):
+                cand.error = f"backtest failed: {r}"
+            elif r is not None:
+                cand.backtest = r
+                if r.short_run:
+                    steps += len(r.short_run.seeds) * r.short_run.steps  # the candidate's arms; the control's below
+                    control_seeds |= set(r.short_run.seeds)
+        steps += len(control_seeds) * self.cfg.loop.backtest.steps
         return {"candidates": cands, "steps_used": steps}
 
     # -- critique ------------------------------------------------------------------------------
@@ -295,7 +257,7 @@ class Loop:
         g, ws = state.generation, self.ws
         verdicts = []
         for cand in state.candidates:
-            bt = self._backtest_of(cand)
+            bt = cand.backtest
             v = judge(cand.intervention, bt, self.rule, cand.error)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(v, cand.intervention, bt))
@@ -305,9 +267,8 @@ class Loop:
             cand = cand.model_copy(update={"verdict": v})
             out.append(cand)
             if cand.branch:
-                record = {**v.model_dump(), "intervention": cand.intervention.model_dump(),
-                          "transform": cand.intervention.transform, "author": self.meta.label}
-                atomic_write_text(ws.verdict_path(cand.branch), json.dumps(record, indent=2))
+                VerdictRecord(**v.model_dump(), intervention=cand.intervention, author=self.meta.label,
+                              generation=g).save(ws.verdict_path(cand.branch))
             self.events.emit("decision", node="critique", generation=g, branch=v.branch, decision=v.decision,
                              reasons=v.reasons)
         revise = [c.branch for c in out if c.verdict.decision == "revise"] if self.cfg.loop.revise_diagnostics else []
@@ -324,24 +285,21 @@ class Loop:
                 checkpoint = self._promoted_checkpoint(cand) or checkpoint
             if not cand.branch or status.get(cand.branch) != "open":
                 continue  # never committed, or already tagged before an interruption
-            info = {"effect": v.effect, "ci_low": v.ci_low, "ci_high": v.ci_high, "reason": "; ".join(v.reasons),
-                    "decision": v.decision}
+            record = VerdictRecord.load(ws.verdict_path(cand.branch)) or \
+                VerdictRecord(**v.model_dump(), intervention=cand.intervention, author=self.meta.label, generation=g)
+            tag = record.model_dump(mode="json")  # the tag carries the same record as the file
             if v.decision == "promote":
-                repo.promote(cand.branch, g, info)
+                repo.promote(cand.branch, g, tag)
             else:
-                repo.reject(cand.branch, g, "; ".join(v.reasons) or v.decision, info)
+                repo.reject(cand.branch, g, "; ".join(v.reasons) or v.decision, tag)
             self.events.emit("decision", node="promote", generation=g, branch=cand.branch, decision=v.decision)
         if checkpoint != state.checkpoint:
             ws.set_champion(checkpoint, g)
         return {"checkpoint": checkpoint}
 
-    @staticmethod
-    def _backtest_of(cand: CandidateState) -> BacktestResult | None:
-        return BacktestResult.model_validate_json(Path(cand.backtest).read_text()) if cand.backtest else None
-
     def _first_arm(self, cand: CandidateState):
         """The candidate's first-seed short-run arm: the policy advances with the harness to this checkpoint."""
-        bt = self._backtest_of(cand)
+        bt = cand.backtest
         arms = [a for a in bt.short_run.arms if a.role == "candidate"] if bt and bt.short_run else []
         return min(arms, key=lambda a: a.seed) if arms else None
 
@@ -386,7 +344,7 @@ class Loop:
     def _culprit(self, cand: CandidateState, g: int) -> str:
         """The candidate's reward term whose pay rose most among equally correct rollouts, both arms scored under
         the candidate's reward (a new term the control lacks included); `reward` when none rose."""
-        bt = self._backtest_of(cand)
+        bt = cand.backtest
         cross = bt.short_run.cross if bt and bt.short_run else None
         terms = [t for t in cross.terms if t.harness == "candidate"] if cross else []
         # a term the change touched first: an unchanged one rising is the policy, not the harness edit
@@ -406,7 +364,7 @@ class Loop:
                                  skipped=f"only gates the champion failed too ({', '.join(v.inherited_gates)}): "
                                          "no lesson about the change")
                 continue
-            bt = self._backtest_of(cand)
+            bt = cand.backtest
             skill, merged = distill(self.store, lesson_of(
                 cand.intervention, v, self.cfg.domain, findings=state.findings, backtest=bt, run=ws.path.name,
                 diagnosis=state.diagnosis.summary if state.diagnosis else "", generation=g, commit=cand.commit))

@@ -1,14 +1,18 @@
 """The loop's state: one typed object, checkpointed by LangGraph after every node (DESIGN §1).
 
-Heavy artefacts (health reports, backtests, transcripts) live as files in the run directory; the state
-holds what routing and the next node need, and paths to the rest.
+Heavy artefacts (health reports, evidence, transcripts) live as files in the run directory; the state holds
+what routing and the next node need: the typed results nodes hand each other (a candidate's backtest and
+verdict), not paths to re-parse.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pathlib import Path
+
+from pydantic import BaseModel, Field, field_validator
 
 from evotrainer.agents.schemas import Diagnosis, Intervention, Plan, Verdict
+from evotrainer.trainer.backtest import BacktestResult
 from evotrainer.trainer.diagnostics import Finding
 
 
@@ -18,8 +22,16 @@ class CandidateState(BaseModel):
     commit: str = ""
     attempts: int = 0
     error: str = Field("", description="why it never reached a backtest (edit, validation, crash)")
-    backtest: str = Field("", description="path of its reports/backtest-*.json")
+    backtest: BacktestResult | None = Field(None, description="its backtest (also in reports/backtest-*.json)")
     verdict: Verdict | None = None
+
+    @field_validator("backtest", mode="before")
+    @classmethod
+    def _from_path(cls, value):
+        """A checkpoint written before backtests were held in the state names the report's path: read it."""
+        if isinstance(value, str):
+            return BacktestResult.model_validate_json(Path(value).read_text()) if value else None
+        return value
 
 
 class GenerationRecord(BaseModel):
@@ -55,4 +67,5 @@ class LoopState(BaseModel):
     stop_reason: str = ""
 
 
-SERIALIZED = [LoopState, CandidateState, GenerationRecord, Intervention, Diagnosis, Plan, Verdict, Finding]
+SERIALIZED = [LoopState, CandidateState, GenerationRecord, Intervention, Diagnosis, Plan, Verdict, Finding,
+              BacktestResult]

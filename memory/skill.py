@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-Outcome = Literal["positive", "negative"]
+SkillOutcome = Literal["positive", "negative"]
 Z95 = 1.959964
 
 
@@ -71,7 +71,7 @@ class Skill(BaseModel):
     transform: str | None = Field(None, description="the offline catalog transform that re-applies it")
     expected: str = Field("", description="the expected outcome: metric, direction, size")
     lesson: str = ""
-    outcome: Outcome = "negative"
+    outcome: SkillOutcome = "negative"
     effect: float | None = Field(None, description="inverse-variance combination of the validations' effects")
     ci_low: float | None = None
     ci_high: float | None = None
@@ -80,7 +80,7 @@ class Skill(BaseModel):
     validations: list[Validation] = Field(default_factory=list)
     retrieved: int = 0
     used: int = Field(0, description="times a Planner used it in a plan")
-    outcomes_after_use: list[Outcome] = Field(default_factory=list)
+    outcomes_after_use: list[SkillOutcome] = Field(default_factory=list)
     created: str = Field(default_factory=_now)
     updated: str = Field(default_factory=_now)
 

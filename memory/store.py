@@ -27,7 +27,7 @@ from pydantic import BaseModel, ValidationError
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.memory.embeddings import EMBEDDINGS
-from evotrainer.memory.skill import Outcome, Skill
+from evotrainer.memory.skill import Skill, SkillOutcome
 
 COLLECTION = "skills"
 DEFAULT_EMBEDDING = "minilm"
@@ -185,7 +185,7 @@ class SkillStore:
         self._touch([skill])
         return skill
 
-    def record_outcome_after_use(self, skill_id: str, outcome: Outcome) -> Skill:
+    def record_outcome_after_use(self, skill_id: str, outcome: SkillOutcome) -> Skill:
         """What became of a plan that used this skill."""
         skill = self.get(skill_id)
         skill.outcomes_after_use.append(outcome)

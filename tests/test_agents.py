@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from evotrainer.agents.coder import EditFailed, apply_edits
-from evotrainer.agents.critic import PromotionRule, choose, judge, merge_llm_verdict
+from evotrainer.agents.critic import choose, judge, merge_llm_verdict
 from evotrainer.agents.offline.catalog import CATALOG, apply
 from evotrainer.agents.offline.edits import EditError, remove_reward, set_knob, set_threshold
 from evotrainer.agents.offline.policy import OfflinePolicy
-from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, PlanInput, Verdict
+from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, PlanInput, Verdict, VerdictRecord
+from evotrainer.base.config import LoopConfig, PromotionRule
 from evotrainer.graph.lessons import lesson_of
 from evotrainer.memory.distill import distill, trigger_of
 from evotrainer.memory.store import SkillStore
@@ -318,7 +319,7 @@ def test_the_loop_switches_cut_memory_and_revision(on, tmp_path):
     from evotrainer.graph.events import EventLog
     from evotrainer.graph.nodes import Loop
     from evotrainer.graph.state import CandidateState, LoopState
-    from evotrainer.workspaces.run import LoopConfig, RunWorkspace
+    from evotrainer.workspaces.run import RunWorkspace
 
     ws = RunWorkspace.create(tmp_path / "run", "math", loop=LoopConfig(skill_memory=on, revise_diagnostics=on))
     policy, store = OfflinePolicy(), SkillStore(tmp_path / "skills", "hashing")
@@ -341,7 +342,7 @@ def test_the_loop_switches_cut_memory_and_revision(on, tmp_path):
     judged = loop.critique(LoopState(findings=SICK, diagnosis=diag, candidates=[cand]))
     assert judged["candidates"][0].verdict.decision == "revise"
     assert judged["revise"] == (["cand/g1-a"] if on else [])
-    assert ws.verdict("cand/g1-a")["decision"] == "revise"
+    assert VerdictRecord.load(ws.verdict_path("cand/g1-a")).decision == "revise"
     before = len(store)
     loop.distill(LoopState(findings=SICK, diagnosis=diag, candidates=judged["candidates"]))
     assert len(store) == before + (1 if on else 0)

@@ -15,21 +15,16 @@ import pytest
 
 from evotrainer.base.errors import UserError
 from evotrainer.trainer import jobs
-from evotrainer.trainer.backtest import (
-    REPLAY_GATE,
-    ShortRunConfig,
-    agreement,
-    backtest,
-    decide,
-    paired_bootstrap,
-)
+from evotrainer.trainer.backtest import BacktestConfig, paired_bootstrap
+from evotrainer.trainer.backtest.replay import REPLAY_GATE, agreement
+from evotrainer.trainer.backtest.statistics import decide
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.workspaces.repo import IDENTITY
 from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import run_cli
 
-FAST = ShortRunConfig(steps=8, seeds=1, max_seeds=1, dev_items=200, bootstrap=300)
+FAST = BacktestConfig(steps=8, seeds=1, max_seeds=1, dev_items=200, bootstrap=300)
 BUG = ("1.0 if value is not None and value == int(expected) else 0.0",
        "1.0 if value is None or value == int(expected) else 0.0")  # an unparsable answer counts as right
 
@@ -76,7 +71,7 @@ def run(tiny_policy, tmp_path_factory) -> RunWorkspace:
 
 def test_replay_of_a_reward_bug_trips_the_agreement_gate(run):
     branch = _candidate(run, 1, "lenient parser", {"rewards.py": BUG})
-    res = backtest(run.path, branch, replay_only=True)
+    res = run.backtest(branch, replay_only=True)
     r = res.replay
     assert r.n_rollouts == 3 * 256 and r.generations == [0] and r.branches == ["main"]
     # the bug pays unparsable answers: incorrect rollouts now earn what correct ones earn
@@ -103,7 +98,7 @@ def _with_term(name: str, weight: float, source: str = HACK) -> dict[str, tuple[
 def test_replay_gates_a_small_reward_hack_and_passes_harmless_changes(run):
     """A 0.02 bonus for short answers (unrelated to correctness) is gated by unsealed_preference on the stored
     rollouts; a constant bonus and a format weight change, on the same rollouts, are not gated at all."""
-    hack = backtest(run.path, _candidate(run, 1, "brevity bonus", _with_term("brevity", 0.02)), replay_only=True,
+    hack = run.backtest(_candidate(run, 1, "brevity bonus", _with_term("brevity", 0.02)), replay_only=True,
                     write=False)
     assert hack.failed_gates == ["unsealed_preference"]
     term = next(t for t in hack.replay.unsealed.terms if t.term == "brevity")
@@ -112,7 +107,7 @@ def test_replay_gates_a_small_reward_hack_and_passes_harmless_changes(run):
     harmless = {"constant bonus": _with_term("bonus", 0.3, constant),
                 "format weight": {"harness.yaml": ("    weight: 0.1 ", "    weight: 0.15 ")}}
     for name, edit in harmless.items():
-        res = backtest(run.path, _candidate(run, 1, name, edit), replay_only=True, write=False)
+        res = run.backtest(_candidate(run, 1, name, edit), replay_only=True, write=False)
         assert res.failed_gates == [], (name, [f.message for f in res.replay.findings if f.gate])
 
 
@@ -162,9 +157,9 @@ def test_an_engineers_patch_goes_through_the_coders_path_and_the_rule(run, tmp_p
 def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(run):
     """Planted scenario 1: train reward rises, the sealed correct rate does not, the divergence gate fires."""
     branch = _candidate(run, 1, "lenient parser short", {"rewards.py": BUG})
-    screened = backtest(run.path, branch, cfg=FAST, write=False)  # the replay gates it: no short run is spent
+    screened = run.backtest(branch, cfg=FAST, write=False)  # the replay gates it: no short run is spent
     assert "replay_agreement" in screened.failed_gates and screened.short_run is None
-    res = backtest(run.path, branch, cfg=FAST, screen=False)
+    res = run.backtest(branch, cfg=FAST, screen=False)
     s = res.short_run
     cand = [a for a in s.arms if a.role == "candidate"][0]
     ctrl = [a for a in s.arms if a.role == "control"][0]
@@ -185,17 +180,17 @@ def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(r
 
 def test_too_short_length_limit_is_critical_and_the_restoring_branch_is_not_flagged(run):
     """Planted scenario 2."""
-    cfg = ShortRunConfig(steps=3, seeds=1, max_seeds=1, dev_items=100, bootstrap=200)
+    cfg = BacktestConfig(steps=3, seeds=1, max_seeds=1, dev_items=100, bootstrap=200)
     short = _candidate(run, 1, "short limit", {"harness.yaml": ("max_completion_length: 40",
                                                                  "max_completion_length: 4")})
-    res = backtest(run.path, short, cfg=cfg)
+    res = run.backtest(short, cfg=cfg)
     trunc = [f for f in res.short_run.findings if f.analyzer == "truncation"]
     assert trunc and trunc[0].severity == "critical" and trunc[0].value > 0.10
     assert "masked out of the loss" in trunc[0].message and trunc[0].evidence
     run.harness.promote(short, 1, {"effect": 0.0})  # suppose it had been promoted: the next branch restores it
     restore = _candidate(run, 2, "restore limit", {"harness.yaml": ("max_completion_length: 4",
                                                                      "max_completion_length: 40")})
-    res = backtest(run.path, restore, cfg=cfg)
+    res = run.backtest(restore, cfg=cfg)
     # the tiny policy still rambles into a 40-token limit now and then (a warning); never a critical finding,
     # and far fewer completions cut than under the short limit
     after = [f for f in res.short_run.findings if f.analyzer == "truncation"]
@@ -207,7 +202,7 @@ def test_dead_group_filter_replay_reports_the_groups_it_takes_out(run):
     """Planted scenario 3: the replay counts the zero-variance groups and what the filter does to them."""
     branch = _candidate(run, 3, "drop dead groups", {"harness.yaml": ("group_filters: []",
                                                                       "group_filters: [drop_dead_groups]")})
-    r = backtest(run.path, branch, replay_only=True, generation=0).replay
+    r = run.backtest(branch, replay_only=True, generation=0).replay
     assert r.dead_groups_before > 0
     assert r.groups_dropped == r.dead_groups_dropped == r.dead_groups_before  # every dead group, no live one
     assert r.dead_ratio_before > 0 and r.dead_ratio_after == 0.0
@@ -227,7 +222,7 @@ def test_partial_credit_rescues_dead_groups_and_own_analyzers_run(run):
            "                    message='long answers')] if frac > t['share'] else []\n")
     branch = _candidate(run, 3, "partial credit", {"rewards.py": partial},
                         extra={"diagnostics/long_answers.py": own})
-    r = backtest(run.path, branch, replay_only=True, generation=0).replay
+    r = run.backtest(branch, replay_only=True, generation=0).replay
     assert r.groups_rescued > 0 and r.dead_groups_after < r.dead_groups_before
     assert "long_answers" in {f.analyzer for f in r.findings}
 
@@ -235,14 +230,14 @@ def test_partial_credit_rescues_dead_groups_and_own_analyzers_run(run):
 def test_errors_are_one_line_and_write_nothing(run):
     reports = run.path / "reports"
     with pytest.raises(UserError, match="not a candidate"):
-        backtest(run.path, "cand/g9-nope", replay_only=True)
+        run.backtest("cand/g9-nope", replay_only=True)
     crash = ("def correctness(prompts, completions, answer, fmt, **kwargs):",
              "def correctness(prompts, completions, answer, fmt, **kwargs):\n"
              "    if len(completions) > 12:  # passes validation's small batch, fails on real evidence\n"
              "        raise ZeroDivisionError('planted crash')")
     branch = _candidate(run, 4, "crashing reward", {"rewards.py": crash})
     with pytest.raises(UserError, match="ZeroDivisionError: planted crash"):
-        backtest(run.path, branch, replay_only=True, generation=0)
+        run.backtest(branch, replay_only=True, generation=0)
     assert not (reports / f"backtest-{branch.replace('/', '--')}.json").exists()
     proc = run_cli("backtest", str(run.path), "cand/g9-nope", "--replay-only")
     assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "not a candidate" in proc.stderr
@@ -255,7 +250,7 @@ def test_corrupt_evidence_is_one_clear_error(run, tmp_path):
     bad.write_bytes(b"not parquet")
     try:
         with pytest.raises(UserError, match="corrupt"):
-            backtest(run.path, branch, replay_only=True, generation=7)
+            run.backtest(branch, replay_only=True, generation=7)
     finally:
         bad.unlink()
     assert not (run.path / "reports" / f"backtest-{branch.replace('/', '--')}.json").exists()
@@ -346,7 +341,7 @@ def test_a_gate_the_stored_rollouts_already_fail_is_left_to_the_short_run(run):
               "    return [Finding(analyzer='always_gated', metric='m', value=1.0, severity='critical', gate=True,\n"
               "                    message='stored behaviour')]\n")
     branch = _candidate(run, 4, "always gated", {}, extra={"diagnostics/always_gated.py": always})
-    res = backtest(run.path, branch, replay_only=True, generation=0)
+    res = run.backtest(branch, replay_only=True, generation=0)
     assert res.replay.inherited_gates == ["always_gated"]
     assert "always_gated" not in res.failed_gates and "always_gated" in {f.analyzer for f in res.replay.findings}
 
@@ -362,7 +357,7 @@ def test_a_repair_of_the_champions_gate_is_also_measured_against_the_starting_po
     bug = _candidate(run, 5, "lenient parser champion", {"rewards.py": BUG}, extra={"harness.yaml": yaml})
     run.harness.promote(bug, 5, {"effect": 0.0})
     fix = _candidate(run, 6, "strict parser", {"rewards.py": BUG[::-1]})
-    res = backtest(run.path, fix, cfg=FAST)
+    res = run.backtest(fix, cfg=FAST)
     s = res.short_run
     assert s.control_gates == ["shaped_vs_sealed"] and not res.failed_gates
     start = jobs.evaluate(run.starting_policy(), "math", "dev", run.path, k=0, limit=FAST.dev_items, seed=0)

@@ -9,7 +9,6 @@ import json
 import pytest
 
 from evotrainer.trainer import jobs
-from evotrainer.trainer.backtest import backtest
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.evidence import read_rollouts
 from evotrainer.trainer.grpo import TrainSpec
@@ -71,7 +70,7 @@ def test_replay_pays_crashing_programs_under_the_planted_bug(code_run):
     repo.write_files(tree, {"rewards.py": text.replace(*CRASH_PASS)})
     repo.commit(tree, "count a raising example as passed", intervention_id="crash-pass", hypothesis="planted",
                 factor="reward", generation=1)
-    res = backtest(code_run.path, branch, replay_only=True)
+    res = code_run.backtest(branch, replay_only=True)
     rows = read_rollouts(code_run.path / "evidence", 0, "main").to_pandas()
     failing = rows[rows.exec_status != "ok"]
     assert len(failing) > 0, "the tiny policy wrote no failing program: nothing for the bug to pay"

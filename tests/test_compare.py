@@ -167,12 +167,13 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
 
 
 def test_a_budget_fixes_only_the_loop_settings_it_names():
-    from evotrainer.graph.build import loop_config
+    from evotrainer.base.config import loop_config
 
     assert BUDGETS["default"].loop_overrides() == {}
     smoke = BUDGETS["smoke"].loop_overrides()
-    assert smoke == {"train_steps": 2, "backtest_steps": 2, "seeds": 1, "max_seeds": 1, "dev_items": 40}
+    assert smoke == {"train_steps": 2, "backtest": {"steps": 2, "seeds": 1, "max_seeds": 1, "dev_items": 40}}
     # the main line a static arm matches when no EvoTrainer arm runs: the domain's loop defaults, then the budget's
     assert loop_config("math").train_steps == 10 and loop_config("swe").train_steps == 12
-    assert loop_config("swe", smoke).train_steps == 2 and loop_config("swe", smoke).backtest_steps == 2
-    assert loop_config("swe", {"seeds": 3}).dev_items == 200  # a domain default the override leaves alone
+    assert loop_config("swe", smoke).train_steps == 2 and loop_config("swe", smoke).backtest.steps == 2
+    # a domain default the override leaves alone, section by section
+    assert loop_config("swe", {"backtest": {"seeds": 3}}).backtest.dev_items == 200

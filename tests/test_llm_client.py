@@ -16,10 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from evotrainer.agents import llm
-from evotrainer.agents.critic import PromotionRule, judge
+from evotrainer.agents.critic import judge
 from evotrainer.agents.llm import LLMClient, LLMError
 from evotrainer.agents.llm_policy import LLMPolicy, _quote
 from evotrainer.agents.schemas import Diagnosis, Intervention, Sample, Verdict
+from evotrainer.base.config import PromotionRule
 from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult
 
 from .conftest import chat_completion, run_cli, send_json

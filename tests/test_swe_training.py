@@ -9,7 +9,6 @@ import json
 import pytest
 
 from evotrainer.trainer import jobs
-from evotrainer.trainer.backtest import backtest
 from evotrainer.trainer.domains import get_domain
 from evotrainer.trainer.evidence import read_rollouts
 from evotrainer.trainer.grpo import TrainSpec
@@ -104,7 +103,7 @@ def test_replay_backtest_of_the_leak_closing_candidate(swe_run):
     repo.write_files(tree, change.files)
     repo.commit(tree, change.change, intervention_id="close-leak", hypothesis=change.hypothesis, factor="env.tools",
                 generation=2)
-    res = backtest(swe_run.path, branch, replay_only=True)
+    res = swe_run.backtest(branch, replay_only=True)
     assert res.replay is not None and res.replay.n_rollouts > 0
     # the rewards did not change: the replayed reward distribution is the stored one
     assert abs(res.replay.reward_after.mean - res.replay.reward_before.mean) < 1e-6

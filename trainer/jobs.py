@@ -1,7 +1,9 @@
 """Parent-side launchers: warm-up, training, validation and sealed evaluation, each in its own child process.
 
 The orchestrator (CLI, graph) never imports torch, TRL or harness code; it calls these functions,
-which write a spec, start the child through `sandbox.run_module`, and read back a typed result.
+which write a spec, start the child through `run_child` (`sandbox.run_module`, with a child's own bad-input
+sentence raised here as a UserError), and read back a typed result (`call_child` does all three for a spec'd
+child; validation keeps its own call because a failing child is a problem to report, not an error).
 Children that run harness code (training, validation) start isolated (`sandbox.Isolation`): the parent
 hands them what they may see as files, and everything sealed is done here, after they end: the training
 child's rollouts are graded by the sealed scorer in this process, its policy is installed by this process.
@@ -16,7 +18,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
+
+from pydantic import BaseModel
 
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
@@ -53,6 +57,35 @@ def run_child(module: str, args: list[str], *, cwd: Path, log: Path, limits: Lim
     return res
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def call_child(module: str, spec: BaseModel, result_type: type[M], *, work: Path, name: str, cwd: Path,
+               limits: Limits, label: str, read: list[str] | None = None, on_progress: Progress = None) -> M:
+    """The one way the parent runs a child on a spec and reads its answer. The spec, its `result_path` pointed
+    into a fresh output directory, is written to `work/specs/<name>-<id>.spec.json`; the child runs
+    (`python -m module SPEC`, through `run_child`): isolated when `read` is given, reading only those paths and
+    the spec and writing only its output directory; its result is validated as `result_type`, and the output
+    directory is removed. The log is `work/logs/<name>.log`."""
+    stem = f"{name}-{uuid.uuid4().hex[:8]}"  # unique: several children of one kind may run at once
+    out = work / "specs" / stem
+    out.mkdir(parents=True, exist_ok=True)
+    spec = spec.model_copy(update={"result_path": str(out / "result.json")})
+    spec_path = work / "specs" / f"{stem}.spec.json"
+    _write_spec(spec, spec_path)
+    log = work / "logs" / f"{name}.log"
+    isolation = Isolation(read=[*read, str(spec_path)], write=[str(out)]) if read is not None else None
+    try:
+        run_child(module, [str(spec_path)], cwd=cwd, log=log, limits=limits, label=label, on_progress=on_progress,
+                  isolation=isolation)
+        try:
+            return result_type.model_validate_json((out / "result.json").read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"{label}: the child wrote no readable result ({type(e).__name__}; log: {log})") from e
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfig | None = None,
                 warm_cfg: WarmupConfig | None = None, on_progress: Progress = None) -> Path:
     """The cached warm policy for (domain, seed, configs), built in a child process on a cache miss."""
@@ -66,11 +99,8 @@ def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfi
     spec_path.write_text(json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg),
                                      "warmup": asdict(warm_cfg)}))
     log = work_dir / "logs" / "warmup.log"
-    res = run_module("evotrainer.trainer.policy", [str(spec_path)], cwd=work_dir, log_path=log,
-                     limits=Limits(timeout_s=3 * 3600), on_progress=on_progress,
-                     label=f"warm-up of the {domain} policy")
-    if not res.ok:
-        raise ChildFailed(res, log)
+    run_child("evotrainer.trainer.policy", [str(spec_path)], cwd=work_dir, log=log, limits=Limits(timeout_s=3 * 3600),
+              on_progress=on_progress, label=f"warm-up of the {domain} policy")
     hit = cached_policy(domain, seed, model_cfg, warm_cfg)
     if not hit:
         raise UserError(f"warm-up finished but wrote no policy under {cache_root()}: check its log {log}")
@@ -90,16 +120,12 @@ def evaluate(checkpoint: str | Path, domain: str, split: str, work_dir: Path, *,
         result = EvalResult.model_validate_json(cached.read_text())
         if expected_fingerprint in (None, result.fingerprint) and _fingerprint_now(domain) == result.fingerprint:
             return result
-    result_path = work_dir / "specs" / f"eval-{checkpoint.name}-{key}.result.json"
     spec = EvalSpec(checkpoint=str(checkpoint), domain=domain, split=split, k=k, limit=limit, seed=seed,
-                    expected_fingerprint=expected_fingerprint, result_path=str(result_path))
-    spec_path = result_path.with_name(result_path.name.replace(".result", ".spec"))
-    _write_spec(spec, spec_path)
-    log = work_dir / "logs" / f"eval-{checkpoint.name}-{split}.log"
+                    expected_fingerprint=expected_fingerprint, result_path="")
     # a changed sealed scorer comes back as the child's own sentence
-    run_child("evotrainer.trainer.evaluate", [str(spec_path)], cwd=work_dir, log=log, limits=Limits(timeout_s=3600),
-              on_progress=on_progress, label=f"evaluation of {checkpoint.name}")
-    result = EvalResult.model_validate_json(result_path.read_text())
+    result = call_child("evotrainer.trainer.evaluate", spec, EvalResult, work=work_dir,
+                        name=f"eval-{checkpoint.name}-{split}", cwd=work_dir, limits=Limits(timeout_s=3600),
+                        label=f"evaluation of {checkpoint.name}", on_progress=on_progress)
     if (checkpoint / "meta.json").is_file() and os.access(checkpoint, os.W_OK):  # ours, never a user's model
         atomic_write_text(cached, result.model_dump_json())
     return result
@@ -166,11 +192,9 @@ def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limi
     job = prepare_training(spec, work_dir)
     out = child_dir(spec)
     log = work_dir / "logs" / f"train-{spec.checkpoint_id}.log"
-    res = run_module("evotrainer.trainer.grpo", [str(job.spec_path)], cwd=spec.harness_dir, log_path=log,
-                     limits=limits or Limits(timeout_s=6 * 3600), on_progress=on_progress,
-                     label=f"training {spec.checkpoint_id} with harness {spec.harness_dir}", isolation=job.isolation)
-    if not res.ok:
-        raise ChildFailed(res, log)
+    run_child("evotrainer.trainer.grpo", [str(job.spec_path)], cwd=Path(spec.harness_dir), log=log,
+              limits=limits or Limits(timeout_s=6 * 3600), on_progress=on_progress,
+              label=f"training {spec.checkpoint_id} with harness {spec.harness_dir}", isolation=job.isolation)
     try:
         result = json.loads((out / "result.json").read_text())
         steps = int(result["steps"])

@@ -492,6 +492,7 @@ class HarnessRepo:
                 branch=name, generation=int(trailers.get("Generation") or (m.group(1) if m else 0)),
                 parent=trailers.get("Parent-Commit", head), head=head, factor=trailers.get("Factor", ""),
                 hypothesis=trailers.get("Hypothesis", ""), intervention_id=trailers.get("Intervention-Id", ""),
-                status=status, effect=info.get("effect"), reason=info.get("reason", ""),
+                status=status, effect=info.get("effect"),
+                reason=info.get("reason") or "; ".join(info.get("reasons", [])),
             ))
         return sorted(records, key=lambda r: (r.generation, r.branch))

@@ -24,65 +24,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from evotrainer.base.config import RunConfig
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.workspaces.repo import HarnessRepo
 
 LAYOUT = ("harness", "worktrees", "checkpoints", "evidence", "reports")
-
-
-class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    generations: int = Field(3, ge=1, description="generations of the loop")
-    candidates: int = Field(3, ge=1, description="candidate interventions per generation")
-    train_steps: int | None = Field(None, description="total GRPO steps, backtests included")
-    llm_dollars: float | None = Field(None, description="spend limit of the meta-LLM")
-    wall_clock_s: float | None = Field(None, description="wall-clock limit of the whole run")
-
-
-class LoopConfig(BaseModel):
-    """How one generation of `evotrainer run` spends compute. The defaults fit three generations of three
-    candidates into about 20 minutes on 2 cores (README: the loop); real gains need longer short runs."""
-
-    model_config = ConfigDict(extra="forbid")
-    train_steps: int = Field(10, ge=1, description="GRPO steps of the champion per generation")
-    backtest_steps: int = Field(5, ge=1, description="GRPO steps of each short-run arm")
-    seeds: int = Field(2, ge=1, description="seeds of a candidate's first short-run round")
-    max_seeds: int = Field(3, ge=1, description="a promising candidate is extended up to this many seeds")
-    dev_items: int | None = Field(500, ge=1, description="sealed dev items per evaluation (None: all)")
-    repair_rounds: int = Field(2, ge=0, description="Coder repair rounds fed the validation error")
-    min_ci_low: float = Field(0.0, description="promotion: lower bound of the paired dev interval must exceed it")
-    max_promotions: int = Field(1, ge=0, description="winners per generation")
-    # ablations (evotrainer compare): each switches one part of the loop off
-    revise_diagnostics: bool = Field(True, description="write a new analyzer when a candidate's train reward rose "
-                                                       "without dev and no gate fired")
-    skill_memory: bool = Field(True, description="the Planner reads skill memory and distill writes to it")
-    short_runs: bool = Field(True, description="short runs on sealed dev; off: replay-only backtests, promotion on "
-                                               "the replay's evidence alone")
-
-
-class RunConfig(BaseModel):
-    """`run.yaml`."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    domain: str
-    seed: int = 0
-    budget: Budget = Field(default_factory=Budget)
-    meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
-    api_base: str | None = None
-    llm_timeout_s: float | None = Field(None, description="wall clock of one meta-LLM attempt (None: the client's "
-                                                          "default)")
-    llm_retries: int | None = Field(None, description="attempts per meta-LLM call, 1 for no retry (None: the "
-                                                      "client's default)")
-    llm_cost_per_mtok: list[float] | None = Field(None, description="dollars per million input and output tokens, "
-                                                                    "for a meta-LLM LiteLLM has no price for")
-    skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
-    checkpoint: str | None = Field(None, description="starting policy (default: the domain's cached warm policy)")
-    loop: LoopConfig = Field(default_factory=LoopConfig)
-    fingerprint: str = Field(description="sealed scorer fingerprint at creation; every evaluation re-checks it")
 
 
 class RunWorkspace:
@@ -167,17 +116,40 @@ class RunWorkspace:
 
         return self.path / "reports" / f"verdict-{branch_dir(branch)}.json"
 
-    def verdict(self, branch: str) -> dict | None:
-        """The Critic's recorded verdict on a candidate branch (None: not judged yet)."""
-        path = self.verdict_path(branch)
-        return json.loads(path.read_text()) if path.is_file() else None
-
     def snapshot(self, ref: str = "main") -> tuple[str, Path]:
         """The commit of `ref` and its files as a plain directory keyed by commit (`backtests/harness/<commit>`):
         training, replays and agents read snapshots, so worktrees may change or go meanwhile."""
         repo = self.harness
         commit = repo.head(ref)
         return commit, repo.export(commit, self.path / "backtests" / "harness" / commit[:12])
+
+    # -- backtests: the run as paths and commits -----------------------------------------------------
+    def bench(self, generation: int):
+        """What a backtest of this generation's candidates needs of the run (`trainer.backtest.Bench`)."""
+        from evotrainer.trainer.backtest import Bench
+
+        cfg = self.config()
+        start = self.champion_checkpoint() or (Path(cfg.checkpoint) if cfg.checkpoint else None)
+        return Bench(run=str(self.path), domain=cfg.domain, seed=cfg.seed, fingerprint=cfg.fingerprint,
+                     generation=generation, champion=self.harness_at("main"), start=str(start) if start else None)
+
+    def harness_at(self, branch: str, ref: str | None = None):
+        """A branch's harness at `ref` (default: the branch's head) as a snapshot (`trainer.backtest.Harness`)."""
+        from evotrainer.trainer.backtest import Harness
+
+        commit, path = self.snapshot(ref or branch)
+        return Harness(branch=branch, commit=commit, dir=str(path))
+
+    def backtest(self, branch: str, **options):
+        """Backtest one candidate branch of this run (`trainer.backtest.backtest`; `options` are its keywords)."""
+        from evotrainer.trainer.backtest import backtest
+
+        record = next((r for r in self.harness.lineage() if r.branch == branch), None)
+        if record is None:
+            known = ", ".join(r.branch for r in self.harness.lineage()) or "none yet"
+            raise UserError(f"branch {branch!r} is not a candidate of run {self.path} (candidates: {known})")
+        options.setdefault("cfg", self.config().loop.backtest)
+        return backtest(self.bench(record.generation), self.harness_at(branch, record.head), **options)
 
     def starting_policy(self, on_progress=None) -> Path:
         """The policy the next training starts from: the champion, else the run's `checkpoint`, else the domain's

@@ -105,27 +105,20 @@ def validate_on_history(harness_dir: str | Path, slices: list[Slice], *, evidenc
                         work: Path, only: list[str] | None = None) -> AnalyzerValidation:
     """Parent side: the analyzers of `harness_dir` over the evidence of every slice (a judged branch of a run),
     judged by the champion's `thresholds`; specs and logs under `work` (RunWorkspace.validate_analyzers)."""
-    from evotrainer.base.files import atomic_write_text
     from evotrainer.trainer import jobs
-    from evotrainer.trainer.sandbox import Isolation, Limits
+    from evotrainer.trainer.sandbox import Limits
 
     harness_dir = Path(harness_dir).resolve()
     if not any((harness_dir / "diagnostics").glob("*.py")):
         raise UserError(f"{harness_dir} has no diagnostics/*.py: put the analyzer to validate there")
     if not any(s.status != "open" for s in slices):
         raise UserError(f"run {work} has no judged branches yet: nothing to validate an analyzer against")
-    out = work / "specs" / "history"
-    out.mkdir(parents=True, exist_ok=True)
     spec = HistorySpec(harness_dir=str(harness_dir), evidence_root=str(evidence), slices=slices, only=only,
-                       thresholds=thresholds, result_path=str(out / "result.json"))
-    spec_path = work / "specs" / "history.spec.json"
-    atomic_write_text(spec_path, spec.model_dump_json())
-    Path(spec.result_path).unlink(missing_ok=True)
-    jobs.run_child("evotrainer.trainer.diagnostics.history", [str(spec_path)], cwd=harness_dir,
-                   log=work / "logs" / "history.log", limits=Limits(timeout_s=600, memory_mb=8000),
-                   label=f"validation of the analyzers in {harness_dir}",
-                   isolation=Isolation(read=[str(harness_dir), spec.evidence_root, str(spec_path)], write=[str(out)]))
-    return AnalyzerValidation.model_validate_json(Path(spec.result_path).read_text())
+                       thresholds=thresholds, result_path="")
+    return jobs.call_child("evotrainer.trainer.diagnostics.history", spec, AnalyzerValidation, work=work,
+                           name="history", cwd=harness_dir, limits=Limits(timeout_s=600, memory_mb=8000),
+                           label=f"validation of the analyzers in {harness_dir}",
+                           read=[str(harness_dir), str(evidence)])
 
 
 def main(argv: list[str]) -> int:

@@ -8,9 +8,7 @@ harness code can add a finding, never remove or change a built-in one.
 
 from __future__ import annotations
 
-import shutil
 import time
-import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -127,25 +125,15 @@ def health_report(path: str | Path, generation: int | None = None, branch: str |
     if not has_own_analyzers(harness_dir):
         return report
     from evotrainer.trainer import jobs
-    from evotrainer.trainer.sandbox import Isolation, Limits
+    from evotrainer.trainer.sandbox import Limits
 
     harness_dir = Path(harness_dir).resolve()
-    work = Path(work_dir or root.parent)
-    stem = f"report-g{generation if generation is not None else 'all'}-{branch_dir(branch) if branch else 'all'}" \
-           f"-{uuid.uuid4().hex[:8]}"  # unique: reports of several candidates may run at once
-    out = work / "specs" / stem
-    out.mkdir(parents=True, exist_ok=True)
-    child = spec.model_copy(update={"harness_dir": str(harness_dir), "result_path": str(out / "result.json")})
-    spec_path = work / "specs" / f"{stem}.spec.json"
-    atomic_write_text(spec_path, child.model_dump_json())
-    try:
-        jobs.run_child("evotrainer.trainer.diagnostics.report", [str(spec_path)], cwd=harness_dir,
-                       log=work / "logs" / f"{stem}.log", limits=Limits(timeout_s=300, memory_mb=8000),
-                       label="health report with the harness's own analyzers",
-                       isolation=Isolation(read=[str(harness_dir), str(root), str(spec_path)], write=[str(out)]))
-        own = HealthReport.model_validate_json(Path(child.result_path).read_text())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    name = f"report-g{generation if generation is not None else 'all'}-{branch_dir(branch) if branch else 'all'}"
+    child = spec.model_copy(update={"harness_dir": str(harness_dir)})
+    own = jobs.call_child("evotrainer.trainer.diagnostics.report", child, HealthReport,
+                          work=Path(work_dir or root.parent), name=name, cwd=harness_dir,
+                          limits=Limits(timeout_s=300, memory_mb=8000),
+                          label="health report with the harness's own analyzers", read=[str(harness_dir), str(root)])
     findings = report.findings + own.findings
     return report.model_copy(update={"findings": findings, "failed_gates": sorted({f.analyzer for f in findings
                                                                                    if f.gate}),

@@ -1,0 +1,148 @@
+"""A run's configuration, `run.yaml`, in one place: every setting, its default and what it does.
+
+    RunConfig                        run.yaml
+    ├── budget: Budget               when the loop stops
+    └── loop: LoopConfig             how one generation spends compute
+        ├── backtest: BacktestConfig the short runs that measure a candidate
+        └── promotion: PromotionRule what the Critic requires of a winner
+
+`loop_config(domain, overrides)` is a new run's loop: these defaults, the domain's (`DOMAIN_DEFAULTS`), then the
+caller's overrides (the CLI's options, a comparison's budget). Everything here is data: the parts that act on it
+(the loop, the backtests, the Critic) import it from here.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Budget(BaseModel):
+    """When a run stops: the first limit reached ends it after the generation in progress."""
+
+    model_config = ConfigDict(extra="forbid")
+    generations: int = Field(3, ge=1, description="generations of the loop")
+    candidates: int = Field(3, ge=1, description="candidate interventions per generation")
+    train_steps: int | None = Field(None, description="total GRPO steps, backtests included")
+    llm_dollars: float | None = Field(None, description="spend limit of the meta-LLM")
+    wall_clock_s: float | None = Field(None, description="wall-clock limit of the whole run")
+
+
+class BacktestConfig(BaseModel):
+    """The short runs of a candidate's backtest: candidate and control arms trained from the champion's policy on
+    the same seeds, compared on sealed dev, extended seed by seed while the answer is open."""
+
+    model_config = ConfigDict(extra="forbid")
+    steps: int = Field(5, ge=1, description="GRPO steps of each arm")
+    seeds: int = Field(2, ge=1, description="seeds of the first round")
+    max_seeds: int = Field(3, ge=1, description="sequential extension: add seeds up to this many (never fewer than "
+                                                "`seeds`) while the estimate is positive and its interval straddles "
+                                                "zero")
+    dev_items: int | None = Field(500, ge=1, description="sealed dev items of every evaluation of the loop, the "
+                                                         "champion's included (None: all)")
+    bootstrap: int = Field(2000, ge=100, description="bootstrap resamples of the paired difference")
+    parallel: int = Field(2, ge=1, description="training children side by side (one core each)")
+
+    @model_validator(mode="after")
+    def _at_least_the_first_round(self) -> BacktestConfig:
+        self.max_seeds = max(self.max_seeds, self.seeds)
+        return self
+
+
+class PromotionRule(BaseModel):
+    """What the Critic requires of a winner. Configurable, never bypassed: a failed gate always vetoes."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_ci_low: float = Field(0.0, description="the paired dev interval's lower bound must exceed this")
+    max_promotions: int = Field(1, ge=0, description="winners per generation")
+    repair_margin: float = Field(0.0, description="a candidate that passes a gate the champion fails is promoted "
+                                                  "when its paired dev effect is at least -repair_margin")
+    revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
+                                                        "minus control, both under the candidate's reward) without a "
+                                                        "dev gain that asks for diagnostics revision")
+    replay_only: bool = Field(False, description="set from `loop.short_runs` (`LoopConfig.rule`): with no short run, "
+                                                 "promote when every gate passes and the replay moved the "
+                                                 "hypothesised metric its way")
+
+
+# the flat keys of run.yaml before `backtest:` and `promotion:` were nested: older runs still load
+_LEGACY = {"backtest_steps": ("backtest", "steps"), "seeds": ("backtest", "seeds"),
+           "max_seeds": ("backtest", "max_seeds"), "dev_items": ("backtest", "dev_items"),
+           "min_ci_low": ("promotion", "min_ci_low"), "max_promotions": ("promotion", "max_promotions")}
+
+
+class LoopConfig(BaseModel):
+    """How one generation of `evotrainer run` spends compute. The defaults fit three generations of three
+    candidates into about 20 minutes on 2 cores (README: the loop); real gains need longer short runs."""
+
+    model_config = ConfigDict(extra="forbid")
+    train_steps: int = Field(10, ge=1, description="GRPO steps of the champion per generation")
+    repair_rounds: int = Field(2, ge=0, description="Coder repair rounds fed the validation error")
+    backtest: BacktestConfig = Field(default_factory=BacktestConfig)
+    promotion: PromotionRule = Field(default_factory=PromotionRule)
+    # ablations (evotrainer compare): each switches one part of the loop off
+    revise_diagnostics: bool = Field(True, description="write a new analyzer when a candidate's train reward rose "
+                                                       "without dev and no gate fired")
+    skill_memory: bool = Field(True, description="the Planner reads skill memory and distill writes to it")
+    short_runs: bool = Field(True, description="short runs on sealed dev; off: replay-only backtests, promotion on "
+                                               "the replay's evidence alone")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_legacy_keys(cls, data):
+        return nest(data) if isinstance(data, dict) else data
+
+    def rule(self) -> PromotionRule:
+        """The promotion rule the loop's Critic and `backtest --judge` apply."""
+        return self.promotion.model_copy(update={"replay_only": not self.short_runs})
+
+
+def nest(flat: dict) -> dict:
+    """Loop settings with the flat keys of older run.yaml files (`backtest_steps`, `seeds`, `min_ci_low`, ...)
+    moved under `backtest:` and `promotion:`."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in flat.items() if k not in _LEGACY}
+    for key, (section, field) in _LEGACY.items():
+        if key in flat:
+            out.setdefault(section, {})[field] = flat[key]
+    return out
+
+
+def merged(*layers: dict) -> dict:
+    """Nested dicts merged left to right (a later layer's value wins, sections merge key by key)."""
+    out: dict = {}
+    for layer in layers:
+        for k, v in nest(layer).items():
+            out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# Per-domain loop settings where the general defaults do not fit. SWE: a step of 32 episodes takes ~9 s here and
+# a sealed evaluation ~0.15 s per episode, while the effects at stake (a leak learnt within tens of steps) need
+# short runs longer than the general 5 steps to show on sealed dev. About 13 minutes a generation on 2 cores.
+DOMAIN_DEFAULTS: dict[str, dict] = {"swe": {"train_steps": 12, "backtest": {"steps": 10, "dev_items": 200}}}
+
+
+def loop_config(domain: str, overrides: dict | None = None) -> LoopConfig:
+    """The loop settings of a new run: the general defaults, the domain's (`DOMAIN_DEFAULTS`), then `overrides`."""
+    return LoopConfig(**merged(DOMAIN_DEFAULTS.get(domain, {}), overrides or {}))
+
+
+class RunConfig(BaseModel):
+    """`run.yaml`."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    domain: str
+    seed: int = 0
+    budget: Budget = Field(default_factory=Budget)
+    meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
+    api_base: str | None = None
+    llm_timeout_s: float | None = Field(None, description="wall clock of one meta-LLM attempt (None: the client's "
+                                                          "default)")
+    llm_retries: int | None = Field(None, description="attempts per meta-LLM call, 1 for no retry (None: the "
+                                                      "client's default)")
+    llm_cost_per_mtok: list[float] | None = Field(None, description="dollars per million input and output tokens, "
+                                                                    "for a meta-LLM LiteLLM has no price for")
+    skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
+    checkpoint: str | None = Field(None, description="starting policy (default: the domain's cached warm policy)")
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+    fingerprint: str = Field(description="sealed scorer fingerprint at creation; every evaluation re-checks it")

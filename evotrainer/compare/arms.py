@@ -1,0 +1,101 @@
+"""The arms of a comparison: static recipes (the template with a few `harness.yaml` keys set) and loop arms
+(`LoopConfig` switches), and the budgets a comparison runs them under."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from evotrainer.base.errors import UserError
+
+STATIC: dict[str, dict[str, object]] = {  # harness.yaml keys changed from the template
+    "reference": {},
+    # clip-higher only binds when a batch is reused: with one update per batch the ratio is 1 (README: the loop)
+    "clip_higher": {"loss_type": "grpo", "epsilon_high": 0.28, "num_iterations": 2},
+    "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none"},
+    "zero_var": {"group_filters": ["drop_dead_groups"]},
+}
+LOOPS: dict[str, dict[str, bool]] = {  # LoopConfig switches
+    "evotrainer": {},
+    "no_revision": {"revise_diagnostics": False},
+    "no_memory": {"skill_memory": False},
+    "replay_only": {"short_runs": False},
+}
+ARMS = ("evotrainer", *STATIC, *[a for a in LOOPS if a != "evotrainer"])
+DOMAINS = ("math", "code")
+
+
+class CompareBudget(BaseModel):
+    """What each loop arm may spend (the static arms follow the EvoTrainer champion line)."""
+
+    generations: int = Field(2, ge=1)
+    candidates: int = Field(2, ge=1)
+    train_steps: int | None = Field(None, ge=1, description="champion steps per generation (None: the loop default)")
+    backtest_steps: int | None = Field(None, ge=1)
+    short_seeds: int | None = Field(None, ge=1, description="seeds of a short run's first round")
+    max_seeds: int | None = Field(None, ge=1)
+    dev_items: int | None = Field(None, ge=1)
+    test_items: int | None = Field(None, ge=1, description="sealed test items (None: the whole split)")
+    k: int = Field(4, ge=0, description="samples per test item for avg@k")
+
+    def loop_overrides(self) -> dict:
+        """The `LoopConfig` settings this budget fixes (the rest: the loop's defaults for the domain)."""
+        backtest = {k: v for k, v in dict(steps=self.backtest_steps, seeds=self.short_seeds, max_seeds=self.max_seeds,
+                                          dev_items=self.dev_items).items() if v is not None}
+        return {**({"train_steps": self.train_steps} if self.train_steps else {}),
+                **({"backtest": backtest} if backtest else {})}
+
+
+BUDGETS = {
+    "default": CompareBudget(),
+    "smoke": CompareBudget(generations=1, candidates=1, train_steps=2, backtest_steps=2, short_seeds=1, max_seeds=1,
+                    dev_items=40, test_items=60, k=2),
+}
+
+
+def line_steps(checkpoint: Path, since: Path | None = None) -> int:
+    """GRPO steps from `since` (default: the warm policy) to `checkpoint`, summed along the parents recorded in each
+    meta.json."""
+    steps, seen = 0, set()
+    path, stop = Path(checkpoint).resolve(), Path(since).resolve() if since else None
+    while (path / "meta.json").is_file() and path not in seen and path != stop:
+        seen.add(path)
+        meta = json.loads((path / "meta.json").read_text())
+        if "parent" not in meta:
+            break  # a warm policy (or a user's model): the line starts here
+        steps += int(meta.get("steps", 0))
+        path = Path(meta["parent"]).resolve()
+    return steps
+
+
+def static_harness(domain: str, arm: str, dest: Path) -> Path:
+    """The domain's template with the arm's keys set (a list is a top-level `harness.yaml` list, a scalar a trainer
+    knob), comments kept; validated like any harness."""
+    from evotrainer.agents.offline.edits import EditError, set_knob, set_list
+    from evotrainer.workspaces import TEMPLATES
+
+    if dest.is_dir():
+        return dest
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(TEMPLATES / domain, tmp)
+    text = (tmp / "harness.yaml").read_text()
+    for key, value in STATIC[arm].items():
+        try:  # a knob the template leaves at TRL's default gets its own line
+            text = set_list(text, key, value) if isinstance(value, list) else set_knob(text, key, value)
+        except EditError as e:
+            raise UserError(f"the {arm} arm cannot be built from the {domain} template: {e}") from e
+    changed = "".join(f", {k}={'[' + ', '.join(v) + ']' if isinstance(v, list) else v}"
+                      for k, v in STATIC[arm].items())
+    (tmp / "harness.yaml").write_text(f"# evotrainer compare: the {arm} arm ({domain} template{changed})\n" + text)
+    from evotrainer.trainer import jobs
+
+    problems = jobs.validate_harness(tmp, tmp.parent, label=f"the {arm} harness")
+    if problems:
+        raise UserError(f"the {arm} arm's harness is invalid: {problems[0]}")
+    tmp.rename(dest)
+    return dest
+

@@ -1,0 +1,212 @@
+"""Running a comparison: every (arm, seed) cell computed once and written when done, so a rerun of the same
+command resumes at the first missing cell; the request checked before anything is written."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from evotrainer.base.errors import UserError
+from evotrainer.base.files import atomic_write_text
+from evotrainer.compare.arms import ARMS, BUDGETS, DOMAINS, LOOPS, CompareBudget, line_steps, static_harness
+from evotrainer.compare.report import write_report
+from evotrainer.compare.results import Cell, Comparison, summarize
+
+
+def _cpu() -> float:
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+
+
+class Compare:
+    """One comparison directory: cells computed in order, each once."""
+
+    def __init__(self, out: Path, domain: str, seeds: list[int], arms: list[str], budget: CompareBudget,
+                 budget_name: str, checkpoint: Path, command: str, status: Callable[[str], None] | None = None):
+        self.out, self.domain, self.seeds, self.arms = out, domain, seeds, arms
+        self.budget, self.budget_name, self.start, self.command = budget, budget_name, checkpoint, command
+        self.status = status or (lambda text: None)
+
+    def cell_path(self, arm: str, seed: int) -> Path:
+        return self.out / "cells" / f"{arm}-s{seed}.json"
+
+    def cell(self, arm: str, seed: int, main_steps: int) -> Cell:
+        path = self.cell_path(arm, seed)
+        if path.is_file():
+            cell = Cell.model_validate_json(path.read_text())
+            if self.budget.k and not cell.sampled_correct:  # written before per-item samples were kept
+                ev = self._test(Path(cell.checkpoint), seed, path.parent)  # the cached evaluation, read again
+                if ev.item_ids != cell.item_ids:
+                    raise UserError(f"{path} and the evaluation cached beside {cell.checkpoint} score different "
+                                    "items: remove the cell to compute it again")
+                cell = cell.model_copy(update={"k": ev.k, "sampled_correct": ev.sampled_correct})
+                atomic_write_text(path, cell.model_dump_json(indent=1))
+            return cell
+        self.status(f"{arm} seed {seed}")
+        started, cpu = time.time(), _cpu()
+        cell = self._loop(arm, seed) if arm in LOOPS else self._static(arm, seed, main_steps)
+        cell = cell.model_copy(update={"cpu_seconds": round(_cpu() - cpu, 1),
+                                       "wall_seconds": round(time.time() - started, 1)})
+        atomic_write_text(path, cell.model_dump_json(indent=1))
+        return cell
+
+    def _test(self, checkpoint: Path, seed: int, work: Path, k: int | None = None):
+        from evotrainer.trainer import jobs
+
+        return jobs.evaluate(checkpoint, self.domain, "test", work, k=self.budget.k if k is None else k,
+                             limit=self.budget.test_items, seed=seed)
+
+    def _static(self, arm: str, seed: int, steps: int) -> Cell:
+        from evotrainer.trainer import jobs
+        from evotrainer.trainer.grpo import TrainSpec
+
+        harness = static_harness(self.domain, arm, self.out / "harnesses" / arm)
+        work = self.out / "static" / f"{arm}-s{seed}"
+        ckpt = work / "checkpoints" / "policy"
+        if not (ckpt / "meta.json").is_file():
+            spec = TrainSpec(domain=self.domain, checkpoint=str(self.start), harness_dir=str(harness), steps=steps,
+                             seed=seed, out_dir=str(work), checkpoint_id="policy",
+                             checkpoints_dir=str(work / "checkpoints"), evidence_dir=str(work / "evidence"),
+                             run=f"compare-{arm}", harness_commit=f"static:{arm}",
+                             result_path=str(work / "specs" / "train.result.json"))
+            jobs.train(spec, work)
+        ev = self._test(ckpt, seed, work)
+        return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
+                    total_steps=steps, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
+                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
+                    sampled_correct=ev.sampled_correct)
+
+    def _loop(self, arm: str, seed: int) -> Cell:
+        from evotrainer.agents.offline.policy import OfflinePolicy
+        from evotrainer.graph.build import drive, open_run
+        from evotrainer.workspaces.run import RunWorkspace
+
+        b = self.budget
+        run_dir = self.out / "runs" / f"{arm}-s{seed}"
+        if (run_dir / "run.yaml").is_file():
+            ws = RunWorkspace.open(run_dir)
+        else:
+            # every run its own skill memory: seeds stay independent, and no arm learns from another
+            ws = open_run(run_dir, domain=self.domain, budget={"generations": b.generations,
+                                                               "candidates": b.candidates},
+                          meta_llm="offline", api_base=None, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
+                          checkpoint=str(self.start), seed=seed, loop_overrides={**b.loop_overrides(), **LOOPS[arm]})
+        summary = drive(ws, OfflinePolicy(), fresh=None)  # a run interrupted earlier resumes
+        if not summary.finished:
+            raise UserError(f"the {arm} run of seed {seed} stopped before its end ({summary.stop_reason}): rerun the "
+                            "same compare command to resume it")
+        ckpt = ws.champion_checkpoint() or self.start
+        ev = self._test(ckpt, seed, run_dir)
+        lineage, promotions = self._lineage(ws), []
+        for h in summary.history:
+            if h.promoted:
+                promotions.append(self._promotion(ws, h, seed))
+        return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
+                    total_steps=summary.steps_used, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
+                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
+                    sampled_correct=ev.sampled_correct, promotions=promotions, lineage=lineage)
+
+    @staticmethod
+    def _lineage(ws) -> list[dict]:
+        from evotrainer.agents.schemas import VerdictRecord
+
+        out = []
+        for r in ws.harness.lineage():
+            v = VerdictRecord.load(ws.verdict_path(r.branch))
+            if v is None:
+                continue
+            out.append({"generation": r.generation, "branch": r.branch, "transform": v.transform,
+                        "decision": v.decision, "effect": v.effect, "ci_low": v.ci_low,
+                        "failed_gates": v.failed_gates, "repairs": v.repairs})
+        return out
+
+    def _promotion(self, ws, h, seed: int) -> dict:
+        """The promoted harness's effect on the sealed test: the policy it handed on against the champion it
+        replaced (the generation's trained checkpoint); a replay-only promotion hands on the same policy, so its
+        harness is judged by the next generation's training."""
+        from evotrainer.trainer.backtest.statistics import paired_bootstrap
+
+        g = h.generation
+        before = ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy"
+        after = Path(h.checkpoint)
+        if after.resolve() == before.resolve():
+            after = ws.path / "checkpoints" / f"g{g + 1}-train" / "checkpoints" / "policy"
+        record = {"generation": g, "branch": h.promoted, "before": str(before), "after": str(after)}
+        if not (after / "config.json").is_file():
+            return {**record, "measured": False, "invalid": False}
+        a = self._test(before, seed, ws.path, k=0)
+        b = self._test(after, seed, ws.path, k=0)
+        diffs = np.array([b.greedy_correct], dtype=float) - np.array([a.greedy_correct], dtype=float)
+        d, lo, hi, _ = paired_bootstrap(diffs, 1000)
+        return {**record, "measured": True, "test_before": a.accuracy, "test_after": b.accuracy, "delta": d,
+                "ci": [lo, hi], "invalid": hi < 0}
+
+    def run(self) -> Comparison:
+        started = time.time()
+        cells: list[Cell] = []
+        for seed in self.seeds:
+            main = None
+            if "evotrainer" in self.arms:
+                evo = self.cell("evotrainer", seed, 0)
+                cells.append(evo)
+                main = evo.main_steps
+            if main is None:  # no EvoTrainer arm: the champion line's length without promotions
+                from evotrainer.base.config import loop_config
+
+                main = self.budget.generations * loop_config(self.domain, self.budget.loop_overrides()).train_steps
+            cells += [self.cell(arm, seed, main) for arm in self.arms if arm != "evotrainer"]
+        start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
+        comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,
+                                seeds=self.seeds, arms=self.arms, start_checkpoint=str(self.start),
+                                start_accuracy=start.accuracy, start_avg_at_k=start.avg_at_k,
+                                command=self.command, wall_seconds=round(time.time() - started, 1),
+                                summaries=summarize(cells, self.arms), cells=cells)
+        write_report(comparison, self.out)
+        return comparison
+
+
+
+def check_request(out: Path, request: dict) -> None:
+    """Record the request in `out`, refusing one that differs from the recorded one in anything but the number of
+    seeds: more seeds extend a comparison (the cells of the first seeds are kept), other settings would mix arms
+    measured differently."""
+    req = out / "request.json"
+    if req.is_file():
+        before = json.loads(req.read_text())
+        if {k: v for k, v in before.items() if k != "seeds"} != {k: v for k, v in request.items() if k != "seeds"}:
+            raise UserError(f"{out} holds a comparison with other settings ({req.read_text().strip()}): rerun it "
+                            "with those (--seeds may grow), or choose a new directory")
+    atomic_write_text(req, json.dumps(request))
+
+
+def compare(out: Path, domain: str, seeds: int, arms: list[str] | None, budget_name: str,
+            checkpoint: Path | None, command: str, status: Callable[[str], None] | None = None,
+            on_progress=None) -> Comparison:
+    """Validate the request (one clear error, nothing written on bad input), then run or resume every cell."""
+    from evotrainer.trainer import jobs
+
+
+    if domain not in DOMAINS:
+        raise UserError(f"compare supports --domain {' or '.join(DOMAINS)}, not {domain!r}")
+    if budget_name not in BUDGETS:
+        raise UserError(f"unknown --budget {budget_name!r}: choose one of {', '.join(BUDGETS)}")
+    arms = list(arms or ARMS)
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise UserError(f"unknown arm {unknown[0]!r}: choose from {', '.join(ARMS)}")
+    arms = [a for a in ARMS if a in arms]  # EvoTrainer first: the static arms match its main-line steps
+    if checkpoint is not None and not (checkpoint / "config.json").is_file():
+        raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
+    out.mkdir(parents=True, exist_ok=True)
+    request = {"domain": domain, "seeds": seeds, "arms": arms, "budget": budget_name,
+               "checkpoint": str(checkpoint.resolve()) if checkpoint else None}
+    check_request(out, request)
+    start = checkpoint.resolve() if checkpoint else jobs.warm_policy(domain, 0, out, on_progress=on_progress)
+    return Compare(out, domain, list(range(seeds)), arms, BUDGETS[budget_name], budget_name, start, command,
+                   status).run()

@@ -1,0 +1,168 @@
+"""The comparison's report: compare.json, results.md and the two plots, rebuilt from the cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evotrainer.base.files import atomic_write_text
+from evotrainer.compare.arms import LOOPS, STATIC
+from evotrainer.compare.results import Comparison
+
+
+def headline(c: Comparison) -> str:
+    """The answer the comparison exists for: EvoTrainer against the reference at equal main-line steps, and the
+    compute it spent to get there."""
+    by = {s.arm: s for s in c.summaries}
+    evo, ref = by.get("evotrainer"), by.get("reference")
+    if evo is None or ref is None or evo.vs_reference is None:
+        return ""
+    d, lo, hi = evo.vs_reference
+    verdict = "beats" if lo > 0 else "scores below" if hi < 0 else "is not distinguishable from"
+    items = len(c.cells[0].item_ids)
+    return (f"**EvoTrainer {verdict} the reference at equal main-line steps** ({evo.main_steps:.0f} GRPO steps a "
+            f"seed on average): sealed test greedy {evo.test_accuracy:.3f} against {ref.test_accuracy:.3f}, paired "
+            f"difference {d:+.3f} (95% interval [{lo:+.3f}, {hi:+.3f}], {len(evo.seeds)} seeds x {items} items). "
+            f"It spent {evo.total_steps / max(ref.total_steps, 1):.1f}x the reference's GRPO steps "
+            f"({evo.total_steps:.0f} against {ref.total_steps:.0f} a seed, short-run arms included) and "
+            f"{evo.cpu_seconds / max(ref.cpu_seconds, 1):.1f}x its CPU seconds ({evo.cpu_seconds / 60:.0f} against "
+            f"{ref.cpu_seconds / 60:.0f} CPU minutes a seed).")
+
+
+def markdown(c: Comparison) -> str:
+    k = c.budget.k
+    lines = [f"# EvoTrainer against static recipes: {c.domain}", "",
+             f"Command: `{c.command}`; the cells took {sum(x.wall_seconds for x in c.cells) / 60:.0f} min of wall "
+             f"time on this machine in all. Seeds {c.seeds}; budget `{c.budget_name}` (generations: "
+             f"{c.budget.generations}, candidates: {c.budget.candidates} per loop arm); every arm starts from "
+             f"{Path(c.start_checkpoint).name}. Sealed test: "
+             f"{len(c.cells[0].item_ids) if c.cells else 0} items, greedy and avg@{k}. Intervals: 95%, two-level "
+             "bootstrap over seeds and items; ± is the interval's half-width.", ""]
+    if headline(c):
+        lines += [headline(c), ""]
+    if c.start_accuracy is not None:
+        lines += [f"The starting policy scores {c.start_accuracy:.3f} greedy"
+                  + (f", {c.start_avg_at_k:.3f} avg@{k}" if k and c.start_avg_at_k is not None else "")
+                  + " on the same items.", ""]
+    lines += [f"| arm | test greedy | avg@{k} | vs reference (paired) | main-line steps | all steps | CPU s | "
+             "promoted | gate-rejected | invalid |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in c.summaries:
+        vs = "-" if s.vs_reference is None else \
+            f"{s.vs_reference[0]:+.3f} [{s.vs_reference[1]:+.3f}, {s.vs_reference[2]:+.3f}]"
+        lines.append(f"| {s.arm} | {s.test_accuracy:.3f} ±{(s.test_ci[1] - s.test_ci[0]) / 2:.3f} "
+                     f"[{s.test_ci[0]:.3f}, {s.test_ci[1]:.3f}] | "
+                     f"{s.avg_at_k:.3f} [{s.avg_at_k_ci[0]:.3f}, {s.avg_at_k_ci[1]:.3f}] | {vs} | "
+                     f"{s.main_steps:.0f} | {s.total_steps:.0f} | {s.cpu_seconds:.0f} | {s.promotions} | "
+                     f"{s.gate_rejections} | {s.invalid_promotions} |")
+    lines += ["", "Per seed (sealed test greedy):", "", "| arm | " + " | ".join(f"seed {s}" for s in c.seeds) + " |",
+              "|---|" + "---|" * len(c.seeds)]
+    by = {(x.arm, x.seed): x for x in c.cells}
+    for s in c.summaries:
+        lines.append(f"| {s.arm} | " + " | ".join(f"{by[(s.arm, seed)].test_accuracy:.3f}" if (s.arm, seed) in by
+                                                  else "-" for seed in c.seeds) + " |")
+    promos = [(cell.arm, cell.seed, p) for cell in c.cells for p in cell.promotions]
+    if promos:
+        lines += ["", "Promotions and their effect on the sealed test (the policy handed on minus the champion it "
+                  "replaced; invalid when the interval lies below zero):", ""]
+        for arm, seed, p in promos:
+            effect = (f"{p['test_before']:.3f} -> {p['test_after']:.3f}, {p['delta']:+.3f} "
+                      f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]{' **invalid**' if p['invalid'] else ''}"
+                      if p["measured"] else "not measured (no later policy)")
+            lines.append(f"- {arm} s{seed} g{p['generation']} `{p['branch']}`: {effect}")
+    lines += ["", "![accuracy against compute](accuracy_vs_compute.png)", "", "![lineage](lineage.png)", ""]
+    return "\n".join(lines)
+
+
+COLORS = {"reference": "#444444", "clip_higher": "#8c564b", "dr_grpo": "#9467bd", "zero_var": "#e377c2",
+          "evotrainer": "#d62728", "no_revision": "#ff7f0e", "no_memory": "#2ca02c", "replay_only": "#1f77b4"}
+
+
+def plot(c: Comparison, out: Path) -> list[Path]:
+    """Accuracy against compute (two panels: GRPO steps, CPU seconds) and the loop arms' lineages."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [out / "accuracy_vs_compute.png", out / "lineage.png"]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [1, 1, 0.8]})
+    n = len(c.summaries)
+    for ax, field, label in ((axes[0], "total_steps", "GRPO steps per seed (backtests included)"),
+                             (axes[1], "cpu_seconds", "CPU seconds per seed")):
+        xs = [getattr(s, field) for s in c.summaries]
+        dodge = 0.008 * (max(xs) - min(xs) or max(xs) or 1)  # arms at the same compute side by side, not hidden
+        for i, s in enumerate(c.summaries):
+            err = [[s.test_accuracy - s.test_ci[0]], [s.test_ci[1] - s.test_accuracy]]
+            ax.errorbar([xs[i] + (i - (n - 1) / 2) * dodge], [s.test_accuracy], yerr=err,
+                        fmt="o" if s.arm in STATIC else "s", color=COLORS.get(s.arm, "black"), capsize=4,
+                        label=s.arm)
+        if c.start_accuracy is not None:
+            ax.axhline(c.start_accuracy, color="black", ls="--", lw=0.8, label="starting policy")
+        ax.set_xlabel(label)
+        ax.set_ylabel("sealed test accuracy (greedy)")
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, lo / 2 + hi / 2 - 0.02), max(hi, lo / 2 + hi / 2 + 0.02))  # never a sub-point scale
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="best")
+    axes[0].set_title("accuracy against GRPO steps", fontsize=10)
+    axes[1].set_title("accuracy against CPU time", fontsize=10)
+    # the question itself: each arm minus the reference on the same seeds and items
+    paired = [s for s in c.summaries if s.vs_reference is not None]
+    ax = axes[2]
+    for i, s in enumerate(paired):
+        d, lo, hi = s.vs_reference
+        ax.errorbar([d], [i], xerr=[[d - lo], [hi - d]], fmt="o" if s.arm in STATIC else "s",
+                    color=COLORS.get(s.arm, "black"), capsize=4)
+    ax.axvline(0, color="#444444", lw=1)
+    ax.set_yticks(range(len(paired)), [s.arm for s in paired])
+    ax.set_ylim(len(paired) - 0.5, -0.5)
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(min(lo, -0.02), max(hi, 0.02))
+    ax.set_xlabel("minus the reference, sealed test greedy (paired)")
+    ax.set_title("difference to the reference at equal main-line steps", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.suptitle(f"{c.domain}: sealed test accuracy against training compute "
+                 f"(mean and 95% interval over {len(c.seeds)} seed{'s' if len(c.seeds) > 1 else ''})")
+    fig.tight_layout()
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+
+    loops = [a for a in c.arms if a in LOOPS]
+    fig, axes = plt.subplots(1, max(len(loops), 1), figsize=(4.2 * max(len(loops), 1), 4.2), squeeze=False,
+                             sharey=True)
+    style = {"promote": ("^", "#2ca02c", "promoted"), "gate": ("x", "#d62728", "rejected by a gate"),
+             "reject": ("o", "#999999", "rejected"), "revise": ("D", "#ff7f0e", "sent to diagnostics revision")}
+    for ax, arm in zip(axes[0], loops):
+        seen = set()
+        for cell in (x for x in c.cells if x.arm == arm):
+            for i, cand in enumerate(cell.lineage):
+                kind = cand["decision"] if cand["decision"] != "reject" or not cand["failed_gates"] else "gate"
+                marker, color, label = style[kind]
+                jitter = (cell.seed - (len(c.seeds) - 1) / 2) * 0.08 + (i % 3 - 1) * 0.03
+                ax.scatter(cand["generation"] + jitter, cand["effect"] if cand["effect"] is not None else 0.0,
+                           marker=marker, color=color, s=40, label=None if kind in seen else label)
+                seen.add(kind)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_title(arm + (" (no short runs: every effect at 0)" if arm == "replay_only" else ""), fontsize=10)
+        ax.set_xlabel("generation")
+        ax.set_xticks(range(1, c.budget.generations + 1))
+        ax.set_xlim(0.5, c.budget.generations + 0.5)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(min(lo, -0.05), max(hi, 0.05))
+        ax.grid(alpha=0.3)
+        if seen:
+            ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel("candidate minus control, sealed dev (short run)")
+    fig.suptitle(f"{c.domain}: the lineage of the loop arms, every candidate of every seed (a gate rejection without "
+                 "a short run at 0)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def write_report(c: Comparison, out: Path) -> None:
+    atomic_write_text(out / "compare.json", c.model_dump_json(indent=1))
+    plot(c, out)
+    atomic_write_text(out / "results.md", markdown(c))
+
