@@ -3,7 +3,7 @@ import shutil
 import pytest
 
 from evotrainer.base.errors import UserError
-from evotrainer.trainer.harness import TRAINER_KEYS, load_spec
+from evotrainer.trainer.harness import TRAINER_KEYS, TRAINER_TYPES, load_spec
 from evotrainer.workspaces import TEMPLATES
 
 
@@ -68,3 +68,62 @@ def test_harness_commit_only_for_the_root_of_a_repository(harness):
     assert harness_commit(harness) == head
     assert harness_commit(harness / "diagnostics") == ""
     assert harness_commit(TEMPLATES / "math") == ""  # inside the package's checkout, not a harness repository
+
+
+def test_trainer_types_agree_with_trl_grpo_config():
+    """The parent's table of knob types is TRL's own: the same type for every whitelisted key, null allowed only
+    where GRPOConfig allows None."""
+    import dataclasses
+    import typing
+
+    from trl import GRPOConfig
+
+    hints = typing.get_type_hints(GRPOConfig)
+    assert TRAINER_KEYS <= {f.name for f in dataclasses.fields(GRPOConfig)}
+    none = type(None)
+    for key, ours in TRAINER_TYPES.items():
+        theirs = set(typing.get_args(hints[key]) or (hints[key],))
+        # lr_scheduler_type is `SchedulerType | str` (a str enum); generation_kwargs' `str` is the CLI's JSON form
+        theirs = {str if isinstance(t, type) and issubclass(t, str) else t for t in theirs}
+        if key == "generation_kwargs":
+            theirs.discard(str)
+        mine = set(typing.get_args(ours) or (ours,))
+        assert mine - {none} == theirs - {none}, key
+        assert none not in mine or none in theirs, key
+
+
+@pytest.mark.parametrize("line, message", [
+    ("learning_rate: fast", "trainer.learning_rate must be a number, got 'fast'"),
+    ("learning_rate: 1e-4", r"trainer.learning_rate must be a number, got '1e-4' \(YAML 1.1 reads 1e-4 as text: "
+                            r"write 1.0e-4\)"),
+    ("beta: true", "trainer.beta must be a number, got True"),
+    ("num_generations: 8.0", "trainer.num_generations must be an integer, got 8.0"),
+    ("num_generations: null", "trainer.num_generations must be an integer, got None"),
+    ("per_device_train_batch_size: '256'", "trainer.per_device_train_batch_size must be an integer, got '256'"),
+    ("mask_truncated_completions: 1", "trainer.mask_truncated_completions must be true or false, got 1"),
+    ("loss_type: 3", "trainer.loss_type must be a string, got 3"),
+    ("generation_kwargs: [1]", r"trainer.generation_kwargs must be a mapping or null, got \[1\]"),
+    ("epsilon_high: high", "trainer.epsilon_high must be a number or null, got 'high'"),
+])
+def test_bad_trainer_values_name_the_file_key_value_and_type(harness, line, message):
+    _set_trainer_line(harness, line)
+    with pytest.raises(UserError, match=rf"harness\.yaml: {message}$"):
+        load_spec(harness)
+
+
+@pytest.mark.parametrize("line", ["epsilon_high: null", "beta: 0", "warmup_steps: 5", "generation_kwargs: {top_k: 5}",
+                                  "learning_rate: 5.0e-5", "mask_truncated_completions: yes"])
+def test_good_trainer_values_pass(harness, line):
+    import yaml
+
+    _set_trainer_line(harness, line)
+    ((key, value),) = yaml.safe_load(line).items()
+    assert load_spec(harness).trainer[key] == value
+
+
+def _set_trainer_line(harness, line: str) -> None:
+    """Replace the template's `trainer.<key>` line (or add one) with `line`."""
+    key = line.split(":")[0]
+    lines = [x for x in (harness / "harness.yaml").read_text().splitlines() if not x.startswith(f"  {key}:")]
+    lines.insert(lines.index(next(x for x in lines if x.startswith("trainer:"))) + 1, f"  {line}")
+    (harness / "harness.yaml").write_text("\n".join(lines) + "\n")
