@@ -3,7 +3,7 @@ import shutil
 import pytest
 
 from evotrainer.base.errors import UserError
-from evotrainer.trainer.harness import TRAINER_KEYS, TRAINER_TYPES, load_spec
+from evotrainer.trainer.harness import TRAINER_DEFAULTS, TRAINER_KEYS, TRAINER_TYPES, load_spec
 from evotrainer.workspaces import TEMPLATES
 
 
@@ -90,6 +90,7 @@ def test_trainer_types_agree_with_trl_grpo_config():
         mine = set(typing.get_args(ours) or (ours,))
         assert mine - {none} == theirs - {none}, key
         assert none not in mine or none in theirs, key
+    assert set(TRAINER_DEFAULTS) <= TRAINER_KEYS
 
 
 @pytest.mark.parametrize("line, message", [
@@ -127,3 +128,36 @@ def _set_trainer_line(harness, line: str) -> None:
     lines = [x for x in (harness / "harness.yaml").read_text().splitlines() if not x.startswith(f"  {key}:")]
     lines.insert(lines.index(next(x for x in lines if x.startswith("trainer:"))) + 1, f"  {line}")
     (harness / "harness.yaml").write_text("\n".join(lines) + "\n")
+
+
+def test_the_batch_check_and_the_backend_share_one_default(harness, tmp_path):
+    """Without per_device_train_batch_size, training uses TRAINER_DEFAULTS' 128: a group of 16 fits, one of 48 does
+    not; the GRPO backend's config and the offline catalog read the same default."""
+    from evotrainer.agents.offline.catalog import apply
+    from evotrainer.trainer.grpo import TrainSpec, grpo_config
+
+    text = (harness / "harness.yaml").read_text()
+    lines = [x for x in text.splitlines() if not x.startswith(("  per_device_train_batch_size:", "  num_generations:",
+                                                               "                                    #"))]
+    assert "per_device_train_batch_size" not in "\n".join(lines)
+    (harness / "harness.yaml").write_text("\n".join(lines).replace("trainer:", "trainer:\n  num_generations: 16", 1))
+    assert load_spec(harness).trainer["num_generations"] == 16  # 8 was the old check's default: refused 16
+    (harness / "harness.yaml").write_text("\n".join(lines).replace("trainer:", "trainer:\n  num_generations: 48", 1))
+    with pytest.raises(UserError, match=r"per_device_train_batch_size \(128\) must be a multiple of "
+                                        r"trainer.num_generations \(48\)"):
+        load_spec(harness)
+    for ng in (1, 0):
+        _set_trainer_line(harness, f"num_generations: {ng}")
+        with pytest.raises(UserError, match=f"num_generations must be at least 2.*got {ng}"):
+            load_spec(harness)
+
+    paths = {k: str(tmp_path / k) for k in ("out_dir", "checkpoints_dir", "evidence_dir", "result_path")}
+    spec = TrainSpec(domain="math", checkpoint="none", harness_dir=str(harness), steps=1, checkpoint_id="c", **paths)
+    cfg = grpo_config(spec, {"num_generations": 16}, [1.0])
+    assert (cfg.per_device_train_batch_size, cfg.num_generations) == (TRAINER_DEFAULTS["per_device_train_batch_size"],
+                                                                        16)
+    assert (cfg.max_completion_length, cfg.learning_rate) == (TRAINER_DEFAULTS["max_completion_length"],
+                                                              TRAINER_DEFAULTS["learning_rate"])
+    files = {"harness.yaml": "\n".join(lines) + "\n"}  # num_generations 8, batch left out: 16 still divides 128
+    (harness / "harness.yaml").write_text(apply("more_generations", files, []).files["harness.yaml"])
+    assert load_spec(harness).trainer["num_generations"] == 16

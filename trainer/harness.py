@@ -37,6 +37,11 @@ TRAINER_TYPES: dict[str, Any] = {
 }
 TRAINER_KEYS = frozenset(TRAINER_TYPES)
 
+# What training uses when a harness leaves a knob out, where it is not TRL's default (every other knob is): the GRPO
+# backend trains with these, the batch check below and the offline catalog read a harness through them.
+TRAINER_DEFAULTS: dict[str, Any] = {"per_device_train_batch_size": 128, "num_generations": 8,
+                                    "max_completion_length": 32, "learning_rate": 1e-4}
+
 _TYPE_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a string", dict: "a mapping"}
 
 
@@ -104,7 +109,11 @@ def load_spec(harness_dir: str | Path) -> HarnessSpec:
         problem = _type_problem(key, value)
         if problem:
             raise UserError(f"{path}: trainer.{key} {problem}")
-    bs, ng = spec.trainer.get("per_device_train_batch_size", 8), spec.trainer.get("num_generations", 8)
+    knobs = {**TRAINER_DEFAULTS, **spec.trainer}
+    bs, ng = knobs["per_device_train_batch_size"], knobs["num_generations"]
+    if ng < 2:
+        raise UserError(f"{path}: trainer.num_generations must be at least 2 (a group of one has no advantage), "
+                        f"got {ng}")
     if bs % ng:
         raise UserError(f"{path}: trainer.per_device_train_batch_size ({bs}) must be a multiple of "
                         f"trainer.num_generations ({ng}): it counts completions, not prompts")
