@@ -14,7 +14,6 @@ was. Writes from several processes are serialised by a lock file beside the data
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
 from pydantic import BaseModel, ValidationError
 
 from evotrainer.base.errors import UserError
@@ -144,8 +144,7 @@ class SkillStore:
     @contextmanager
     def _writing(self) -> Iterator[Any]:
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with FileLock(self.path / ".lock"):  # blocking; excludes other threads and other processes alike
             if self._client is None:
                 self._connect()
             if self._col is None:

@@ -105,6 +105,55 @@ def test_edits_keep_comments_and_refuse_unknown_layouts():
         remove_reward(text, "no_such_reward")
 
 
+def _comment(line: str) -> str:
+    return line.split("#", 1)[1].strip() if "#" in line else ""
+
+
+def test_catalog_edits_keep_every_comment_and_touch_only_the_edited_key():
+    """Every catalog edit of harness.yaml, on each template: the lines that change are those of the one key it edits;
+    every other line stays byte for byte, and a changed line keeps its comment unless the edit says why it changed
+    (a knob) or the line went with its item (a removed reward)."""
+    import difflib
+    import re
+
+    import yaml
+
+    seen = 0
+    for files, findings in ((TEMPLATE, SICK), (CODE_TEMPLATE, CODE_SICK + SICK), (SWE_TEMPLATE, SWE_SICK + SICK)):
+        for tid in CATALOG:
+            for change in (apply(tid, files, findings), apply(tid, files, [])):
+                if change is None or "harness.yaml" not in change.files:
+                    continue
+                seen += 1
+                old, new = files["harness.yaml"], change.files["harness.yaml"]
+                diff = list(difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0))[2:]
+                removed = [d[1:] for d in diff if d.startswith("-")]
+                added = [d[1:] for d in diff if d.startswith("+")]
+                a, b = yaml.safe_load(old), yaml.safe_load(new)
+                (top,) = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]  # one top-level key edited
+                if top == "trainer":
+                    (key,) = [k for k in a["trainer"].keys() | b["trainer"].keys()
+                              if a["trainer"].get(k) != b["trainer"].get(k)]
+                    assert len(added) == 1 and len(removed) <= 1, (tid, diff)
+                    assert added[0].startswith(f"  {key}: ") and all(r.startswith(f"  {key}: ") for r in removed)
+                    assert _comment(added[0]) == change.change  # the old comment explained the old value
+                elif top == "rewards":
+                    names = {r["name"] for r in a["rewards"]} ^ {r["name"] for r in b["rewards"]} or \
+                        {r["name"] for r in a["rewards"] if r not in b["rewards"]}
+                    item = re.compile(rf"^\s+(- name: ({'|'.join(names)})\b|weight: )")
+                    assert all(item.match(line) for line in removed + added), (tid, diff)
+                    if not removed or not added:  # a reward added or removed: its two lines
+                        assert len(removed + added) == 2
+                    else:  # a weight changed: one line, its comment kept
+                        assert len(removed) == len(added) == 1 and _comment(removed[0]) == _comment(added[0])
+                else:  # filters, group_filters, analyzers: the one line of the list or analyzer, its comment kept
+                    (name,) = [k for k in b[top] if a[top].get(k) != b[top][k]] if isinstance(b[top], dict) else [top]
+                    assert len(removed) == len(added) == 1, (tid, diff)
+                    assert re.match(rf"^\s*{name}: ", added[0]) and re.match(rf"^\s*{name}: ", removed[0])
+                    assert _comment(removed[0]) == _comment(added[0])
+    assert seen >= 40
+
+
 def load_spec_text(text: str) -> dict:
     import yaml
 

@@ -61,8 +61,9 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
     """The harness's knobs plus what the backend owns (paths, device, logging, seed)."""
     from trl import GRPOConfig
 
-    knobs = {"per_device_train_batch_size": 128, "num_generations": 8, "max_completion_length": 32,
-             "learning_rate": 1e-4, **trainer_knobs}
+    from evotrainer.trainer.harness import TRAINER_DEFAULTS
+
+    knobs = {**TRAINER_DEFAULTS, **trainer_knobs}
     return GRPOConfig(
         output_dir=str(child_dir(spec) / "trl"), max_steps=spec.steps, seed=spec.seed, data_seed=spec.seed,
         use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], logging_steps=1,

@@ -8,7 +8,9 @@ Python files (`rewards.py`, `filters.py`, `diagnostics/`) happens only in child 
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
+import typing
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -18,15 +20,46 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.base.errors import UserError
 
-# The GRPOConfig knobs a harness may set (DESIGN §11), with TRL's own names. Everything else
-# (output paths, devices, logging, seeds) belongs to the backend, never to an agent's edit.
-TRAINER_KEYS = frozenset({
-    "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
-    "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation", "num_generations",
-    "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs",
-    "loss_type", "epsilon", "epsilon_high", "delta", "beta", "scale_rewards", "multi_objective_aggregation",
-    "mask_truncated_completions", "top_entropy_quantile", "num_iterations", "importance_sampling_level",
-})
+# The GRPOConfig knobs a harness may set (DESIGN §11), with TRL's own names and field types (null only where TRL gives
+# None a meaning; tests/test_harness_spec.py checks the table against trl.GRPOConfig). A plain table: the
+# orchestrator never imports TRL. Everything else (output paths, devices, logging, seeds) belongs to the backend,
+# never to an agent's edit.
+TRAINER_TYPES: dict[str, Any] = {
+    "learning_rate": float, "lr_scheduler_type": str, "warmup_steps": float, "weight_decay": float,
+    "max_grad_norm": float, "adam_beta1": float, "adam_beta2": float,
+    "per_device_train_batch_size": int, "gradient_accumulation_steps": int, "steps_per_generation": int | None,
+    "num_generations": int, "max_completion_length": int,
+    "temperature": float, "top_p": float, "top_k": int, "min_p": float | None, "repetition_penalty": float,
+    "generation_kwargs": dict | None,
+    "loss_type": str, "epsilon": float, "epsilon_high": float | None, "delta": float | None, "beta": float,
+    "scale_rewards": str, "multi_objective_aggregation": str, "mask_truncated_completions": bool,
+    "top_entropy_quantile": float, "num_iterations": int, "importance_sampling_level": str,
+}
+TRAINER_KEYS = frozenset(TRAINER_TYPES)
+
+# What training uses when a harness leaves a knob out, where it is not TRL's default (every other knob is): the GRPO
+# backend trains with these, the batch check below and the offline catalog read a harness through them.
+TRAINER_DEFAULTS: dict[str, Any] = {"per_device_train_batch_size": 128, "num_generations": 8,
+                                    "max_completion_length": 32, "learning_rate": 1e-4}
+
+_TYPE_NAMES = {float: "a number", int: "an integer", bool: "true or false", str: "a string", dict: "a mapping"}
+
+
+def _type_problem(key: str, value: Any) -> str | None:
+    """Why `value` is not a valid `trainer.<key>` (None when it is): YAML's bool is not a number, nor 8.0 an integer."""
+    kinds = typing.get_args(TRAINER_TYPES[key]) or (TRAINER_TYPES[key],)
+    if value is None and type(None) in kinds:
+        return None
+    (kind,) = [k for k in kinds if k is not type(None)]
+    if isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return None
+    expected = _TYPE_NAMES[kind] + (" or null" if type(None) in kinds else "")
+    hint = ""
+    if kind is float and isinstance(value, str) and (m := re.fullmatch(r"([-+]?\d+)([eE][-+]?\d+)", value)):
+        hint = f" (YAML 1.1 reads {value} as text: write {m[1]}.0{m[2]})"
+    return f"must be {expected}, got {value!r}{hint}"
 
 
 class RewardSpec(BaseModel):
@@ -72,7 +105,15 @@ def load_spec(harness_dir: str | Path) -> HarnessSpec:
     unknown = sorted(set(spec.trainer) - TRAINER_KEYS)
     if unknown:
         raise UserError(f"{path}: unknown trainer key {unknown[0]!r}; valid keys are {', '.join(sorted(TRAINER_KEYS))}")
-    bs, ng = spec.trainer.get("per_device_train_batch_size", 8), spec.trainer.get("num_generations", 8)
+    for key, value in spec.trainer.items():
+        problem = _type_problem(key, value)
+        if problem:
+            raise UserError(f"{path}: trainer.{key} {problem}")
+    knobs = {**TRAINER_DEFAULTS, **spec.trainer}
+    bs, ng = knobs["per_device_train_batch_size"], knobs["num_generations"]
+    if ng < 2:
+        raise UserError(f"{path}: trainer.num_generations must be at least 2 (a group of one has no advantage), "
+                        f"got {ng}")
     if bs % ng:
         raise UserError(f"{path}: trainer.per_device_train_batch_size ({bs}) must be a multiple of "
                         f"trainer.num_generations ({ng}): it counts completions, not prompts")

@@ -25,7 +25,6 @@ candidate that cannot be materialised is rejected with its reason and the run go
 from __future__ import annotations
 
 import atexit
-import fcntl
 import io
 import json
 import os
@@ -34,12 +33,12 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from filelock import FileLock
 from pydantic import BaseModel
 
 from evotrainer.base.errors import UserError
@@ -51,7 +50,6 @@ TRAILERS = ("Intervention-Id", "Hypothesis", "Factor", "Parent-Commit", "Generat
 REGULAR_MODES = ("100644", "100755")  # index modes of plain files; 120000 is a symlink, 160000 a submodule
 _MODE_NAMES = {"120000": "a symlink", "160000": "a submodule"}
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
-_thread_lock = threading.Lock()  # fcntl locks are per process: threads of one process also need this
 # paths each worktree's edit wrote (write_files) since its last reset: what commit stages when not told.
 # Keyed by the resolved worktree; set.update and dict.pop are atomic under the GIL.
 _edited: dict[str, set[str]] = {}
@@ -220,14 +218,11 @@ class HarnessRepo:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        # O_NOFOLLOW: a symlink planted at the lock's path must not make us create or open a file elsewhere
-        fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        with _thread_lock, open(fd, "w") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        # A fresh FileLock per call holds its own descriptor, so it excludes other threads of this process as well
+        # as other processes. filelock opens with O_NOFOLLOW: a symlink planted at the lock's path is refused, never
+        # followed to create or open a file elsewhere.
+        with FileLock(self._lock_path, mode=0o600):
+            yield
 
     def _admin_dir(self, worktree: Path) -> Path:
         """The git directory of one of our worktrees, found from the repository's side (`.git/worktrees/*/gitdir`

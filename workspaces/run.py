@@ -16,7 +16,6 @@ A run is driven by one process at a time: `RunWorkspace.lock()` holds an exclusi
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
 from evotrainer.base.config import RunConfig
@@ -176,25 +176,25 @@ class RunWorkspace:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Exclusive ownership of the run; a second driver gets an error naming the holder's pid."""
+        """Exclusive ownership of the run; a second driver (another process, or another thread of this one) gets an
+        error naming the holder's pid at once, never waits."""
         lock_path = self.path / ".lock"
-        f = open(lock_path, "a+")
+
+        def write_pid(fd: int) -> None:  # into the file filelock opened and holds, once it holds it
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
+            held = FileLock(lock_path, timeout=0, on_acquired=write_pid).acquire()
+        except Timeout:
+            try:
+                holder = lock_path.read_text().strip() or "unknown"
+            except OSError:
+                holder = "unknown"
             raise UserError(f"run {self.path} is already being driven by process {holder}: wait for it to end "
                             "or stop it") from None
-        try:
-            f.seek(0)
-            f.truncate()
-            f.write(str(os.getpid()))
-            f.flush()
-            yield
-        finally:
-            f.seek(0)
-            f.truncate()
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+        with held:
+            try:
+                yield
+            finally:
+                os.truncate(lock_path, 0)  # still held: no pid of a process that no longer drives the run

@@ -29,6 +29,7 @@ from evotrainer.agents.offline.edits import (
 )
 from evotrainer.agents.schemas import ExpectedEffect
 from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.harness import TRAINER_DEFAULTS
 
 Files = dict[str, str]  # path in the harness -> text
 
@@ -56,8 +57,11 @@ def _spec(files: Files) -> dict:
     return yaml.safe_load(files["harness.yaml"]) or {}
 
 
-def _knob(files: Files, key: str, default):
-    return (_spec(files).get("trainer") or {}).get(key, default)
+def _knob(files: Files, key: str, trl_default=None):
+    """The harness's `trainer.<key>`, else what training uses without it: the backend's default (TRAINER_DEFAULTS),
+    else TRL's (`trl_default`). A null is TRL's "unset" (epsilon_high: as epsilon), read as absent."""
+    value = (_spec(files).get("trainer") or {}).get(key)
+    return TRAINER_DEFAULTS.get(key, trl_default) if value is None else value
 
 
 def _fired(findings: list[Finding], analyzer_id: str) -> list[Finding]:
@@ -196,7 +200,7 @@ def soft_overlong(files: Files, findings: list[Finding]) -> Change | None:
     names = [r["name"] for r in _spec(files).get("rewards", [])]
     if "soft_overlong" in names or _multi_turn(files):
         return None
-    limit = int(_knob(files, "max_completion_length", 32))
+    limit = int(_knob(files, "max_completion_length"))
     buffer = max(2, limit // 4)
     code = f'''
 def soft_overlong(prompts, completions, completion_ids=None, **kwargs):
@@ -330,8 +334,8 @@ def loss_type(files: Files, findings: list[Finding]) -> Change | None:
 
 
 def more_generations(files: Files, findings: list[Finding]) -> Change | None:
-    ng = int(_knob(files, "num_generations", 8))
-    bs = int(_knob(files, "per_device_train_batch_size", 128))
+    ng = int(_knob(files, "num_generations"))
+    bs = int(_knob(files, "per_device_train_batch_size"))
     new = ng * 2
     if new > 32 or bs % new:
         return None
@@ -352,7 +356,7 @@ def temperature(files: Files, findings: list[Finding]) -> Change | None:
 def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
     if not _fired(findings, "truncation") or _multi_turn(files):
         return None
-    cur = int(_knob(files, "max_completion_length", 32))
+    cur = int(_knob(files, "max_completion_length"))
     new = int(round(cur * 1.5))
     return _knob_change(files, "max_completion_length", new, f"raise the completion-length limit {cur} -> {new}",
                         f"If the limit is {new} tokens, fewer completions are cut off and masked, so more rollouts "
@@ -362,7 +366,7 @@ def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
 def learning_rate(files: Files, findings: list[Finding]) -> Change | None:
     if _fired(findings, "optimizer_health") or _fired(findings, "logprob_collapse"):
         return None  # unstable or collapsing already: a bigger step would make it worse
-    cur = float(_knob(files, "learning_rate", 1e-4))
+    cur = float(_knob(files, "learning_rate"))
     if cur >= 3e-4:
         return None
     new = float(f"{cur * 1.5:.3g}")

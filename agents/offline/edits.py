@@ -1,8 +1,11 @@
 """Comment-preserving edits of `harness.yaml` text, the way a careful engineer edits it by hand.
 
-A YAML round trip would drop every comment that explains the recipe; these functions change one value
-(or add one line) and leave the rest of the file byte for byte. Each returns the new text and raises
-`EditError` when the file is not laid out as expected, so a transform never writes a half-edited harness.
+A PyYAML round trip would drop every comment that explains the recipe, and ruamel.yaml's round trip, which keeps
+them, still rewrites more than the edit: it drops or moves the blank line after an edited last item, turns `[]`
+into a block list, and re-indents a whole file whose layout differs from its one configured indentation (see
+docs/architecture.md). These functions change one value (or add one line) and leave the rest of the file byte
+for byte. Each returns the new text and raises `EditError` when the file is not laid out as expected, so a
+transform never writes a half-edited harness.
 """
 
 from __future__ import annotations
