@@ -139,9 +139,12 @@ def _fingerprint_now(domain: str) -> str:
 
 def prompts_needed(spec: TrainSpec, knobs: dict) -> int:
     """Train prompts a run of `spec.steps` draws (at least 1,000, so a filter has something to choose from)."""
-    batch = knobs.get("per_device_train_batch_size", 128) * (knobs.get("steps_per_generation")
-                                                            or knobs.get("gradient_accumulation_steps", 1))
-    return max(spec.steps * batch // knobs.get("num_generations", 8), 1000)
+    from evotrainer.trainer.harness import TRAINER_DEFAULTS
+
+    knobs = {**TRAINER_DEFAULTS, **knobs}
+    batch = knobs["per_device_train_batch_size"] * (knobs.get("steps_per_generation")
+                                                    or knobs.get("gradient_accumulation_steps") or 1)
+    return max(spec.steps * batch // knobs["num_generations"], 1000)
 
 
 def _sealed_env(domain) -> dict | None:
