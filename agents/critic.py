@@ -1,14 +1,18 @@
 """The promotion rule (DESIGN §7) and the Critic's verdicts.
 
 `judge` applies the rule to one candidate's backtest: every gate passes, the targeted metric moved as
-hypothesised, and the lower bound of the paired dev improvement's 95% interval is above `min_ci_low`. A gate
+hypothesised, and the posterior of the paired dev effect (the short run's estimate combined with a prior: what
+skill memory measured of the same change, `memory/prior.py`) gives a gain a probability of at least `level`
+with its 2.5% quantile above `-margin`. Three outcomes: promote; reject (a failed gate, or measured harmful: a
+gain has posterior probability at most 1 - level); inconclusive (neither: the evidence is kept and memory records
+it as inconclusive, not as a negative lesson). A gate
 binds the champion too: when the control arms (the champion harness) fail a gate that the candidate passes, the
 candidate is promoted if its dev effect is not below `-repair_margin`, or if it is not below the policy both arms
 started from by more than that (a leak or a hack in the champion is repaired even when its inflated dev score cannot
 be beaten: a leak may help the control while the policy does not yet depend on it).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
-`max_promotions` winners per generation (the highest lower bounds): single-factor changes compose across
+`max_promotions` winners per generation (the most probable gains): single-factor changes compose across
 generations, not inside one.
 
 Gates come first and veto in every mode (short runs, replay only, repair): among them the reward-hacking gates of
@@ -26,8 +30,14 @@ hidden pass rate: that gap is the champion reward's, not the change's).
 
 from __future__ import annotations
 
+import math
+
+from pydantic import BaseModel
+
 from evotrainer.agents.schemas import Intervention, Verdict
 from evotrainer.base.config import PromotionRule
+from evotrainer.memory.prior import Prior
+from evotrainer.memory.skill import Z95
 from evotrainer.trainer.backtest import BacktestResult
 
 
@@ -45,9 +55,26 @@ def moved_as_hypothesised(intervention: Intervention, backtest: BacktestResult) 
     return None if measured is None else sign * measured > 0
 
 
+class Posterior(BaseModel):
+    mean: float
+    sd: float
+    p_gain: float  # P(effect > 0)
+    low: float  # the 2.5% quantile
+
+
+def posterior(delta: float, se: float, prior: Prior) -> Posterior:
+    """The normal posterior of the dev effect: prior N(mean, sd^2) times the short run's N(delta, se^2)."""
+    se = max(se, 1e-9)
+    precision = 1 / prior.sd ** 2 + 1 / se ** 2
+    mean = (prior.mean / prior.sd ** 2 + delta / se ** 2) / precision
+    sd = math.sqrt(1 / precision)
+    return Posterior(mean=mean, sd=sd, p_gain=0.5 * (1 + math.erf(mean / (sd * math.sqrt(2)))), low=mean - Z95 * sd)
+
+
 def judge(intervention: Intervention, backtest: BacktestResult | None, rule: PromotionRule,
-          error: str = "") -> Verdict:
-    """The rule's verdict on one candidate (the Critic's starting point, and its ceiling)."""
+          error: str = "", prior: Prior | None = None) -> Verdict:
+    """The rule's verdict on one candidate (the Critic's starting point, and its ceiling). `prior`: what memory
+    measured of the same change (`memory.prior.prior_for`); None: N(0, rule.prior_sd^2)."""
     branch = backtest.branch if backtest else ""
     if backtest is None:
         return Verdict(branch=branch, decision="reject", reasons=[error or "no backtest result"])
@@ -71,16 +98,22 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                                                    (f" and the replay does not show {intervention.expected.metric} "
                                                     f"moving {intervention.expected.direction}" if rule.replay_only
                                                     else "")], **base)
-    interval = f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps"
+    prior = prior or Prior.vague(rule.prior_sd)
+    post = posterior(s.delta, s.se, prior)
+    interval = (f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps "
+                f"(MDE {s.mde:.3f}); P(gain) {post.p_gain:.2f}, posterior {post.mean:+.3f} +- {post.sd:.3f} (prior: "
+                f"{prior.source})")
     repaired = sorted(set(s.control_gates) - set(backtest.failed_gates))
-    base |= dict(repairs=repaired)
-    if s.ci_low > rule.min_ci_low:
+    base |= dict(repairs=repaired, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd), prior=prior.source)
+    floor = rule.min_ci_low is None or s.ci_low > rule.min_ci_low
+    if post.p_gain >= rule.level and post.low > -rule.margin and floor:
         moved = moved_as_hypothesised(intervention, backtest)
         if moved is False:
             return Verdict(decision="reject", reasons=[f"{interval}, but {intervention.expected.metric} did not move "
                                                        f"{intervention.expected.direction} as hypothesised"], **base)
-        return Verdict(decision="promote", reasons=[f"{interval}: lower bound above {rule.min_ci_low:g}, all gates "
-                                                    "pass"], **base)
+        return Verdict(decision="promote", reasons=[
+            f"{interval}: a gain with probability at least {rule.level:g}, no loss beyond {rule.margin:g} (2.5% "
+            "quantile), all gates pass"], **base)
     if repaired:
         # the champion fails these gates on its own evidence, so its dev score is not one to beat (a leak can help the
         # control while it lasts): a candidate that passes every gate replaces it if it is not worse than the champion,
@@ -103,11 +136,17 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
             f"train reward (the candidate's, on both arms) rose {reward_rise:+.3f} over the control "
             f"({unexplained:+.3f} more than the sealed train correct rate) but {interval} and no gate fired: a "
             "diagnostic missed what the reward paid for"], **base)
-    why = "worse than the champion" if s.ci_high < 0 else "the interval does not exclude zero"
+    harmful = s.ci_high < 0 or post.p_gain <= 1 - rule.level
+    why = ("measured harmful: worse than the champion" if s.ci_high < 0 else
+           f"measured harmful: a gain has probability {post.p_gain:.2f}" if harmful else
+           f"inconclusive: neither a gain (probability {post.p_gain:.2f} < {rule.level:g}"
+           + (f", or a loss beyond {rule.margin:g} not excluded" if post.low <= -rule.margin else "")
+           + ") nor a loss is shown")
     if repaired and s.start_delta is not None:
         why += f", and {s.start_delta:+.3f} below the starting policy ({s.start_dev:.3f}) though it repairs " \
                f"{', '.join(repaired)}"
-    return Verdict(decision="reject", reasons=[f"{interval}: {why} (stopped: {s.stopped}, MDE {s.mde:.3f})"], **base)
+    return Verdict(decision="reject" if harmful else "inconclusive",
+                   reasons=[f"{interval}: {why} (stopped: {s.stopped})"], **base)
 
 
 def inherited_gates(backtest: BacktestResult) -> list[str]:
@@ -127,20 +166,24 @@ def inherited_gates(backtest: BacktestResult) -> list[str]:
 
 
 def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:
-    """Keep the `max_promotions` promotable verdicts with the highest lower bounds; the others become rejects
-    that say why (they stay positive evidence for skill memory)."""
+    """Keep the `max_promotions` promotable verdicts with the highest posterior probability of a gain; the others
+    become inconclusive, saying why (they met the rule: not negative evidence for skill memory)."""
     # a repair of the champion's failed gate first: validity before score
-    ranked = sorted((v for v in verdicts if v.decision == "promote"), key=lambda v: (bool(v.repairs), v.ci_low or 0.0),
-                    reverse=True)
+    ranked = sorted((v for v in verdicts if v.decision == "promote"),
+                    key=lambda v: (bool(v.repairs), v.p_gain or 0.0, v.ci_low or 0.0), reverse=True)
     winners = {v.branch for v in ranked[:rule.max_promotions]}
     out = []
     for v in verdicts:
         if v.decision == "promote" and v.branch not in winners:
             best = ranked[0]
-            v = v.model_copy(update={"decision": "reject", "reasons": v.reasons + [
-                f"{best.branch} was promoted instead (lower bound {best.ci_low:+.3f} vs {v.ci_low:+.3f})"]})
+            v = v.model_copy(update={"decision": "inconclusive", "reasons": v.reasons + [
+                f"{best.branch} was promoted instead (one change a generation; P(gain) {_p(best)} vs {_p(v)})"]})
         out.append(v)
     return out
+
+
+def _p(v: Verdict) -> str:
+    return "n/a" if v.p_gain is None else f"{v.p_gain:.2f}"
 
 
 def merge_llm_verdict(rule_verdict: Verdict, llm_verdict: Verdict) -> Verdict:

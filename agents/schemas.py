@@ -38,12 +38,16 @@ class Verdict(BaseModel):
     """The Critic's decision on one backtested candidate. `promote` only when the promotion rule allows it."""
 
     branch: str
-    decision: Literal["promote", "reject", "revise"]
+    decision: Literal["promote", "reject", "inconclusive", "revise"]
     reasons: list[str] = Field(default_factory=list)
     failed_gates: list[str] = Field(default_factory=list)
     effect: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    mde: float | None = Field(None, description="the short run's minimum detectable effect (80% power, 5% level)")
+    p_gain: float | None = Field(None, description="posterior probability of a dev gain (prior x short run)")
+    posterior: tuple[float, float] | None = Field(None, description="posterior mean and standard deviation")
+    prior: str = Field("", description="where the prior came from")
     repairs: list[str] = Field(default_factory=list, description="gates the champion fails that this candidate passes")
     inherited_gates: list[str] = Field(default_factory=list, description="failed gates the champion's own arms fail "
                                                                          "too: not this change's doing")

@@ -49,10 +49,24 @@ class BacktestConfig(BaseModel):
 
 
 class PromotionRule(BaseModel):
-    """What the Critic requires of a winner. Configurable, never bypassed: a failed gate always vetoes."""
+    """What the Critic requires of a winner. Configurable, never bypassed: a failed gate always vetoes.
+
+    The short run's paired dev effect is combined with a prior for the change (what skill memory has measured of the
+    same transform, else a normal centred on zero with `prior_sd`) into a normal posterior. Promote when every gate
+    passes, the posterior probability of a gain is at least `level`, and its 2.5% quantile is above `-margin`
+    (non-inferiority): under the prior, a promoted change is a loss with probability at most 1 - level and a loss
+    of more than `margin` with probability at most 2.5%. Reject when a gate fails or the posterior probability of
+    a gain is at most 1 - level (measured harmful); otherwise the verdict is inconclusive: the evidence is kept, and
+    memory records it as such, not as a negative lesson (docs/architecture.md, "The promotion rule")."""
 
     model_config = ConfigDict(extra="forbid")
-    min_ci_low: float = Field(0.0, description="the paired dev interval's lower bound must exceed this")
+    level: float = Field(0.9, gt=0.5, lt=1.0, description="posterior probability of a dev gain a promotion requires")
+    margin: float = Field(0.01, ge=0.0, description="non-inferiority: the posterior's 2.5% quantile must exceed "
+                                                    "-margin")
+    prior_sd: float = Field(0.02, gt=0.0, description="spread of the prior for a change memory knows nothing of: "
+                                                      "short-run dev effects here lie within about +-0.02")
+    min_ci_low: float | None = Field(None, description="optional frequentist floor as well: the paired dev "
+                                                       "interval's lower bound must exceed this (older runs: 0.0)")
     max_promotions: int = Field(1, ge=0, description="winners per generation")
     repair_margin: float = Field(0.0, description="a candidate that passes a gate the champion fails is promoted "
                                                   "when its paired dev effect is at least -repair_margin")

@@ -171,7 +171,7 @@ def branches(
     table = Table(title=f"harness branches of {directory}")
     for col in ("branch", "gen", "parent", "factor", "status", "effect", "hypothesis / reason"):
         table.add_column(col)
-    colour = {"promoted": "green", "rejected": "red", "open": "yellow"}
+    colour = {"promoted": "green", "rejected": "red", "inconclusive": "blue", "open": "yellow"}
     for r in records:
         effect = "" if r.effect is None else f"{r.effect:+.3f}"
         note = r.reason or r.hypothesis

@@ -26,6 +26,7 @@ from evotrainer.graph.events import EventLog
 from evotrainer.graph.lessons import lesson_of
 from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
+from evotrainer.memory.prior import prior_for
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import backtest_all
@@ -258,7 +259,10 @@ class Loop:
         verdicts = []
         for cand in state.candidates:
             bt = cand.backtest
-            v = judge(cand.intervention, bt, self.rule, cand.error)
+            iv = cand.intervention  # the prior: what memory measured of the same change (empirical Bayes)
+            prior = prior_for(self.store, iv.transform, iv.factor, self.rule.prior_sd) \
+                if self.cfg.loop.skill_memory else None
+            v = judge(iv, bt, self.rule, cand.error, prior)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(v, cand.intervention, bt))
         verdicts = choose(verdicts, self.rule)
@@ -291,7 +295,8 @@ class Loop:
             if v.decision == "promote":
                 repo.promote(cand.branch, g, tag)
             else:
-                repo.reject(cand.branch, g, "; ".join(v.reasons) or v.decision, tag)
+                repo.reject(cand.branch, g, "; ".join(v.reasons) or v.decision, tag,
+                            inconclusive=v.decision == "inconclusive")
             self.events.emit("decision", node="promote", generation=g, branch=cand.branch, decision=v.decision)
         if checkpoint != state.checkpoint:
             ws.set_champion(checkpoint, g)
@@ -368,7 +373,7 @@ class Loop:
             skill, merged = distill(self.store, lesson_of(
                 cand.intervention, v, self.cfg.domain, findings=state.findings, backtest=bt, run=ws.path.name,
                 diagnosis=state.diagnosis.summary if state.diagnosis else "", generation=g, commit=cand.commit))
-            outcome = "positive" if v.decision == "promote" else "negative"
+            outcome = {"promote": "positive", "inconclusive": "inconclusive"}.get(v.decision, "negative")
             for sid in (s for s in cand.intervention.sources if s.startswith("sk-")):
                 try:
                     self.store.record_outcome_after_use(sid, outcome)

@@ -1,7 +1,8 @@
 """The skill record (DESIGN §7): a distilled lesson, positive or negative, with the evidence behind it.
 
 A skill says: when the diagnosis looks like `trigger`, changing `factor` by `intervention` did (positive) or
-did not (negative) help, by `effect` on sealed dev, in these `domains`. Every backtest that taught it is kept
+did not (negative: blocked by a gate, or measured harmful) help, or was not resolved (inconclusive), by `effect`
+on sealed dev, in these `domains`. Every backtest that taught it is kept
 in `validations`; the combined effect, the outcome and `general` are recomputed from them (`recompute`), so
 that merged evidence can overturn an early lesson.
 """
@@ -15,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-SkillOutcome = Literal["positive", "negative"]
+SkillOutcome = Literal["positive", "negative", "inconclusive"]
 Z95 = 1.959964
 
 
@@ -35,7 +36,7 @@ class Validation(BaseModel):
     """One backtest of the intervention: where, how, and what it showed."""
 
     domain: str
-    verdict: Literal["promote", "reject", "revise"]
+    verdict: Literal["promote", "reject", "inconclusive", "revise"]
     effect: float | None = Field(None, description="paired dev difference, candidate minus control")
     ci_low: float | None = None
     ci_high: float | None = None
@@ -100,7 +101,12 @@ class Skill(BaseModel):
         repaired = any(v.repairs and v.verdict == "promote" for v in self.validations)
         positive = not gated and (repaired or (self.ci_low > 0 if self.ci_low is not None
                                                else any(v.held for v in self.validations)))
-        self.outcome = "positive" if positive else "negative"
+        # negative: blocked by a gate, or measured harmful (the combined interval below zero, or every test rejected:
+        # the Critic rejects without a gate only what it measured harmful); anything else unresolved is
+        # inconclusive, not a lesson against the change
+        harmful = (self.ci_high is not None and self.ci_high < 0) or \
+            (bool(self.validations) and all(v.verdict == "reject" for v in self.validations))
+        self.outcome = "positive" if positive else "negative" if gated or harmful else "inconclusive"
         agree = [v.domain for v in self.validations if v.held == positive]
         self.domains = sorted(set(agree or [v.domain for v in self.validations]))
         self.general = positive and len({v.domain for v in self.validations if v.held}) >= 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evotrainer.agents.coder import EditFailed, apply_edits
-from evotrainer.agents.critic import choose, judge, merge_llm_verdict
+from evotrainer.agents.critic import choose, judge, merge_llm_verdict, posterior
 from evotrainer.agents.offline.catalog import CATALOG, apply
 from evotrainer.agents.offline.edits import EditError, remove_reward, set_knob, set_threshold
 from evotrainer.agents.offline.policy import OfflinePolicy
@@ -14,6 +14,7 @@ from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, PlanInput, 
 from evotrainer.base.config import LoopConfig, PromotionRule
 from evotrainer.graph.lessons import lesson_of
 from evotrainer.memory.distill import distill, trigger_of
+from evotrainer.memory.prior import Prior
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult, ShortRunResult
@@ -199,16 +200,63 @@ def _backtest(delta=0.0, lo=-0.01, hi=0.01, gates=(), reward_delta=0.0, branch="
 IV = Intervention(id="g1-x", hypothesis="If x, dev improves", factor="recipe.x", change="x")
 
 
+def test_the_rule_decides_on_the_posterior_with_memory_as_its_prior():
+    """Empirical Bayes: the same short run is promoted after memory measured the change positive, not after memory
+    measured it near zero many times; a probable gain whose loss tail passes the margin is not promoted."""
+    rule = PromotionRule()
+    # with a vague prior the posterior is the short run's estimate, shrunk a little toward zero
+    flat = posterior(0.03, 0.01, Prior.vague(1e3))
+    assert flat.mean == pytest.approx(0.03) and flat.sd == pytest.approx(0.01)
+    assert flat.p_gain == pytest.approx(0.99865, abs=1e-4) and flat.low == pytest.approx(0.03 - 1.96 * 0.01, abs=1e-4)
+    weak = _backtest(0.01, -0.01, 0.03)  # se 0.01: inconclusive on its own
+    assert judge(IV, weak, rule).decision == "inconclusive"
+    proven = Prior(mean=0.02, sd=0.01, n=3, source="three positive backtests")
+    v = judge(IV, weak, rule, prior=proven)
+    assert v.decision == "promote" and v.p_gain > rule.level and v.prior == "three positive backtests"
+    nothing = Prior(mean=-0.01, sd=0.005, n=8, source="eight backtests near zero")
+    assert judge(IV, _backtest(0.03, 0.01, 0.05), rule, prior=nothing).decision != "promote"
+    # non-inferiority: probable enough, but the posterior's 2.5% quantile is below -margin
+    wide = PromotionRule(prior_sd=0.1)
+    noisy = _backtest(0.05, -0.01, 0.11).model_copy(deep=True)
+    noisy.short_run.se = 0.03
+    v = judge(IV, noisy, wide)
+    assert v.p_gain >= wide.level and v.posterior[0] - 1.96 * v.posterior[1] < -wide.margin
+    assert v.decision == "inconclusive" and "loss beyond 0.01 not excluded" in v.reasons[0]
+    assert judge(IV, noisy, wide.model_copy(update={"margin": 0.02})).decision == "promote"
+    # an older run's frequentist floor still binds where it is set
+    assert judge(IV, weak, rule.model_copy(update={"min_ci_low": 0.0}), prior=proven).decision == "inconclusive"
+
+
+def test_memory_prior_pools_measured_backtests():
+    from evotrainer.memory.prior import combine
+    from evotrainer.memory.skill import Validation
+
+    def val(effect, se):
+        return Validation(domain="math", verdict="inconclusive", effect=effect, ci_low=effect - 1.96 * se,
+                          ci_high=effect + 1.96 * se)
+    assert combine([], 0.02) == Prior.vague(0.02)
+    one = combine([val(0.01, 0.01)], 0.02)  # one test, shrunk toward zero by what a change is known to do
+    assert one.mean == pytest.approx(0.008, rel=1e-3) and one.sd == pytest.approx(12500 ** -0.5, rel=1e-3)
+    agree = combine([val(0.0, 0.005)] * 6, 0.02)  # six tests near zero that agree: a tight prior at zero
+    assert abs(agree.mean) < 1e-9 and agree.sd < 0.003 and agree.n == 6
+    spread = combine([val(-0.03, 0.005), val(0.03, 0.005)], 0.02)  # two that disagree: the spread stays in the prior
+    assert spread.sd > 0.03
+
+
 def test_promotion_rule():
     rule = PromotionRule()
     assert judge(IV, _backtest(0.03, 0.01, 0.05), rule).decision == "promote"
     gated = judge(IV, _backtest(0.03, 0.01, 0.05, gates=["shaped_vs_sealed"]), rule)
     assert gated.decision == "reject" and gated.failed_gates == ["shaped_vs_sealed"]
-    assert judge(IV, _backtest(0.01, -0.01, 0.03), rule).decision == "reject"
+    # three outcomes: neither a gain nor a loss shown is inconclusive, not a reject
+    unresolved = judge(IV, _backtest(0.01, -0.01, 0.03), rule)
+    assert unresolved.decision == "inconclusive" and 0.5 < unresolved.p_gain < rule.level and unresolved.mde == 0.03
+    assert judge(IV, _backtest(-0.03, -0.05, -0.01), rule).decision == "reject"  # measured harmful
     revise = judge(IV, _backtest(-0.01, -0.03, 0.01, reward_delta=0.2), rule)
     assert revise.decision == "revise" and "no gate fired" in revise.reasons[0]
     # a curriculum raises train reward and train correct together: not a missed hack
-    assert judge(IV, _backtest(-0.01, -0.03, 0.01, reward_delta=0.08, correct_delta=0.07), rule).decision == "reject"
+    assert judge(IV, _backtest(-0.01, -0.03, 0.01, reward_delta=0.08, correct_delta=0.07),
+                 rule).decision == "inconclusive"
     down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
                                                                             "direction": "down"})})
     assert judge(down, _backtest(0.03, 0.01, 0.05), rule).decision == "reject"  # dev rose, mechanism did not
@@ -216,7 +264,7 @@ def test_promotion_rule():
     # a gate binds the champion too: a candidate that passes the gate its control fails, not worse on dev, replaces it
     repair = judge(IV, _backtest(0.01, -0.02, 0.04, control_gates=["leak_usage"]), rule)
     assert repair.decision == "promote" and "repairs gate leak_usage" in repair.reasons[0]
-    assert judge(IV, _backtest(-0.01, -0.04, 0.02, control_gates=["leak_usage"]), rule).decision == "reject"
+    assert judge(IV, _backtest(-0.01, -0.04, 0.02, control_gates=["leak_usage"]), rule).decision == "inconclusive"
     still = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["leak_usage"], control_gates=["leak_usage"]), rule)
     assert still.decision == "reject" and still.failed_gates == ["leak_usage"]
     assert still.inherited_gates == ["leak_usage"] and "inherited" in still.reasons[0]  # not the change's doing
@@ -251,7 +299,7 @@ def test_promotion_rule():
     a, b = judge(IV, _backtest(0.03, 0.01, 0.05, branch="a"), rule), judge(IV, _backtest(0.04, 0.02, 0.06,
                                                                                         branch="b"), rule)
     chosen = {v.branch: v for v in choose([a, b], rule)}
-    assert chosen["b"].decision == "promote" and chosen["a"].decision == "reject"
+    assert chosen["b"].decision == "promote" and chosen["a"].decision == "inconclusive"
     assert "b was promoted instead" in chosen["a"].reasons[-1]
     # an LLM critic can veto, never promote what the rule refused
     llm = Verdict(branch="a", decision="promote", reasons=["looks great"], lesson="l")
@@ -308,7 +356,7 @@ def test_revision_compares_rewards_under_one_reward():
     one = CrossScore(reward_delta=0.0, reward_delta_champion=0.0, correct_delta=0.0, pay_per_correct=1.0, terms=[],
                      rollouts=(10, 10))
     neutral = bonus.model_copy(update={"short_run": bonus.short_run.model_copy(update={"cross": one})})
-    assert judge(IV, neutral, rule).decision == "reject"
+    assert judge(IV, neutral, rule).decision == "inconclusive"  # no revision asked for: only the dev evidence
     from evotrainer.trainer.reward_gates import TermDelta
 
     new_term = TermDelta(term="brevity", harness="candidate", status="new", weight=0.05, paid_delta=0.05,
@@ -320,7 +368,7 @@ def test_revision_compares_rewards_under_one_reward():
     # a recipe change (a temperature) under the champion's own reward: its gap to `correct` is not the change's
     same = risen.model_copy(update={"terms": [new_term.model_copy(update={"status": "unchanged"})]})
     recipe = hack.model_copy(update={"short_run": hack.short_run.model_copy(update={"cross": same})})
-    assert judge(IV, recipe, rule).decision == "reject"
+    assert judge(IV, recipe, rule).decision == "inconclusive"
 
 
 def test_skills_shape_the_offline_plan(tmp_path):
@@ -347,6 +395,27 @@ def test_skills_shape_the_offline_plan(tmp_path):
     assert "recorded it as negative under this diagnosis" in plan.rationale
     tried = policy.plan(inp.model_copy(update={"tried": [CATALOG[positive].factor]}))
     assert positive not in [iv.transform for iv in tried.interventions]
+
+
+def test_a_store_full_of_inconclusive_lessons_still_lets_the_planner_propose(tmp_path):
+    """Inconclusive is not negative: a store where every applicable transform was tested inconclusively under this
+    very diagnosis still yields a full plan; the same lessons recorded as measured harmful remove them all."""
+    policy = OfflinePolicy()
+    diag = Diagnosis(generation=1, summary="; ".join(f.message for f in SICK[:3]))
+    inp = PlanInput(generation=1, domain="math", k=20, diagnosis=diag, findings=SICK, files=TEMPLATE)
+    base = [iv.transform for iv in policy.plan(inp).interventions]
+    trigger = trigger_of(SICK, diag.summary)
+    for decision, effect, ci in (("inconclusive", 0.004, (-0.012, 0.020)), ("reject", -0.03, (-0.05, -0.01))):
+        store = SkillStore(tmp_path / decision, "hashing")
+        for tid in base:
+            iv = policy._intervention(1, CATALOG[tid], apply(tid, TEMPLATE, SICK), [])
+            v = Verdict(branch=f"cand/g1-{tid}", decision=decision, effect=effect, ci_low=ci[0], ci_high=ci[1])
+            skill, _ = distill(store, lesson_of(iv, v, "math", findings=SICK, diagnosis=diag.summary, run="r0",
+                                                commit=tid))
+            assert skill.outcome == ("inconclusive" if decision == "inconclusive" else "negative")
+        hits = store.query(trigger.text, k=50, domain="math", analyzers=trigger.analyzers)
+        got = [iv.transform for iv in policy.plan(inp.model_copy(update={"skills": hits})).interventions]
+        assert got == (base if decision == "inconclusive" else [])
 
 
 def test_a_leak_gate_puts_closing_the_leak_first():

@@ -102,7 +102,7 @@ def test_one_generation_through_litellm_with_repairs(server, tiny_policy, tmp_pa
     # the Critic's promote was overruled: its reasons, which argue for it, are not kept; a note says so
     assert "scripted critic reviewed it" not in verdict["reasons"] and "overruled" in verdict["reasons"][-1]
     # the LLM said promote; the rule decides: a 2-step, 1-seed run cannot show a significant gain
-    assert b["status"] == "rejected" and verdict["decision"] != "promote"
+    assert b["status"] in ("rejected", "inconclusive") and verdict["decision"] != "promote"
     assert "temperature: 1.2" in run_cli("show", str(run), b["branch"]).stdout
 
 

@@ -70,7 +70,7 @@ class BranchRecord(BaseModel):
     factor: str = ""
     hypothesis: str = ""
     intervention_id: str = ""
-    status: Literal["open", "promoted", "rejected"]
+    status: Literal["open", "promoted", "rejected", "inconclusive"]
     effect: float | None = None
     reason: str = ""
 
@@ -411,11 +411,13 @@ class HarnessRepo:
             self._remove_worktree(branch)
             return self.head()
 
-    def reject(self, branch: str, generation: int, reason: str, verdict: dict | None = None) -> None:
-        """Tag the branch tip `rejected/<name>` with the reason; keep the branch, drop its worktree."""
+    def reject(self, branch: str, generation: int, reason: str, verdict: dict | None = None, *,
+               inconclusive: bool = False) -> None:
+        """Tag the branch tip `rejected/<name>` (or `inconclusive/<name>`: neither a gain nor a loss was shown)
+        with the reason; keep the branch, drop its worktree."""
         self._require_branch(branch)
         with self._locked():
-            tag = "rejected/" + branch.removeprefix("cand/")
+            tag = ("inconclusive/" if inconclusive else "rejected/") + branch.removeprefix("cand/")
             self._git("tag", "-a", tag, branch, "-m",
                       json.dumps({"generation": generation, "branch": branch, "reason": reason, **(verdict or {})}))
             self._remove_worktree(branch)
@@ -475,13 +477,15 @@ class HarnessRepo:
         tags = self._tag_messages()
         promoted = {v.get("branch"): v for k, v in tags.items() if k.startswith("gen-") and v.get("branch")}
         rejected = {v.get("branch"): v for k, v in tags.items() if k.startswith("rejected/")}
+        inconclusive = {v.get("branch"): v for k, v in tags.items() if k.startswith("inconclusive/")}
         records = []
         refs = self._git("for-each-ref", "refs/heads/cand", "--format=%(refname:short) %(objectname)")
         for line in refs.splitlines():
             name, head = line.split()
             trailers = self._trailers(head)
             status, info = ("promoted", promoted[name]) if name in promoted else \
-                ("rejected", rejected[name]) if name in rejected else ("open", {})
+                ("rejected", rejected[name]) if name in rejected else \
+                ("inconclusive", inconclusive[name]) if name in inconclusive else ("open", {})
             m = re.match(r"cand/g(\d+)-", name)
             records.append(BranchRecord(
                 branch=name, generation=int(trailers.get("Generation") or (m.group(1) if m else 0)),

@@ -4,8 +4,9 @@ The embedded default when no meta-LLM is configured, and labelled as rule-based 
 - Diagnoser: the findings ranked by severity (gates first), each a bottleneck citing its rollouts.
 - Planner: every catalog transform whose precondition holds, scored by how strongly the fired findings call
   for it; a positive skill for the transform (retrieved for a similar diagnosis) ranks it ahead of untried
-  ones, a negative skill recorded under the same diagnosis removes it, a negative one under another
-  diagnosis lowers it. Factors already tried on the current champion are skipped.
+  ones, a negative skill (blocked by a gate, or measured harmful) recorded under the same diagnosis removes it, a
+  negative one under another diagnosis lowers it; an inconclusive one does neither. Factors already tried on the
+  current champion are skipped.
 - Coder: the transform's files, written whole.
 - Critic: the promotion rule alone (`agents/critic.py`).
 - Diagnostics revision: a divergence gate for the component whose reward rose without dev.
@@ -83,6 +84,8 @@ class OfflinePolicy:
                 if sk.outcome == "positive":
                     proven = True
                     score += hit.score
+                elif sk.outcome == "inconclusive":
+                    pass  # not resolved: neither a reason to repeat it nor one to avoid it
                 elif same:
                     excluded = True
                     notes.append(f"{t.id} skipped: skill {sk.id} recorded it as negative under this diagnosis")

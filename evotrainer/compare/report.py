@@ -131,7 +131,9 @@ def plot(c: Comparison, out: Path) -> list[Path]:
     fig, axes = plt.subplots(1, max(len(loops), 1), figsize=(4.2 * max(len(loops), 1), 4.2), squeeze=False,
                              sharey=True)
     style = {"promote": ("^", "#2ca02c", "promoted"), "gate": ("x", "#d62728", "rejected by a gate"),
-             "reject": ("o", "#999999", "rejected"), "revise": ("D", "#ff7f0e", "sent to diagnostics revision")}
+             "reject": ("o", "#999999", "rejected (measured harmful)"),
+             "inconclusive": ("s", "#1f77b4", "inconclusive"),
+             "revise": ("D", "#ff7f0e", "sent to diagnostics revision")}
     for ax, arm in zip(axes[0], loops):
         seen = set()
         for cell in (x for x in c.cells if x.arm == arm):
