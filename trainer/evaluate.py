@@ -163,14 +163,7 @@ def grade_completions(domain, split: str, path: Path) -> dict:
             "fingerprint": fp, "seconds": round(time.time() - started, 2)}
 
 
-def main(argv: list[str]) -> int:
-    spec = EvalSpec.model_validate_json(Path(argv[0]).read_text())
-    result = evaluate(spec)
-    Path(spec.result_path).write_text(result.model_dump_json())
-    return 0
+if __name__ == "__main__":  # `python -m evotrainer.trainer.evaluate SPEC.json` (jobs.evaluate)
+    from evotrainer.trainer.sandbox import serve_spec
 
-
-if __name__ == "__main__":
-    from evotrainer.trainer.sandbox import child_main
-
-    child_main(main)
+    serve_spec(EvalSpec, evaluate)

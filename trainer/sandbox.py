@@ -203,6 +203,16 @@ def child_main(entry: Callable[[list[str]], int]) -> None:
     sys.exit(code)
 
 
+def serve_spec(spec_type, compute: Callable) -> None:
+    """The child side of `jobs.call_child`: read the spec named on the command line (a `spec_type` with a
+    `result_path`), write `compute(spec)` (a pydantic model) there; bad input becomes the parent's UserError."""
+    def entry(argv: list[str]) -> int:
+        spec = spec_type.model_validate_json(Path(argv[0]).read_text())
+        Path(spec.result_path).write_text(compute(spec).model_dump_json())
+        return 0
+    child_main(entry)
+
+
 def child_env() -> dict[str, str]:
     """The parent's environment without secrets, plus the offline switches (DESIGN §10)."""
     env = {k: v for k, v in os.environ.items() if not SECRET_ENV.search(k)}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -372,15 +371,7 @@ def run_replay(harness_dir: Path, evidence: Path, generation: int | None, branch
 
 
 
-def main(argv: list[str]) -> int:
-    """Child entry point: `python -m evotrainer.trainer.backtest.replay SPEC.json` (cwd: the candidate's harness)."""
-    spec = ReplaySpec.model_validate_json(Path(argv[0]).read_text())
-    Path(spec.result_path).write_text(replay_scores(spec).model_dump_json())
-    return 0
+if __name__ == "__main__":  # `python -m evotrainer.trainer.backtest.replay SPEC.json`, cwd: the candidate's harness
+    from evotrainer.trainer.sandbox import serve_spec
 
-
-if __name__ == "__main__":
-    from evotrainer.trainer.sandbox import child_main
-
-    child_main(main)
-    sys.exit(0)
+    serve_spec(ReplaySpec, replay_scores)

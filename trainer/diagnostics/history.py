@@ -121,13 +121,7 @@ def validate_on_history(harness_dir: str | Path, slices: list[Slice], *, evidenc
                            read=[str(harness_dir), str(evidence)])
 
 
-def main(argv: list[str]) -> int:
-    spec = HistorySpec.model_validate_json(Path(argv[0]).read_text())
-    Path(spec.result_path).write_text(validate(spec).model_dump_json())
-    return 0
+if __name__ == "__main__":  # `python -m evotrainer.trainer.diagnostics.history SPEC.json` (validate_on_history)
+    from evotrainer.trainer.sandbox import serve_spec
 
-
-if __name__ == "__main__":
-    from evotrainer.trainer.sandbox import child_main
-
-    child_main(main)
+    serve_spec(HistorySpec, validate)

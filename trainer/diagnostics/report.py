@@ -150,14 +150,7 @@ def write_report(report: HealthReport, reports_dir: str | Path) -> Path:
     return reports_dir / f"{stem}.json"
 
 
-def main(argv: list[str]) -> int:
-    """Child entry point: `python -m evotrainer.trainer.diagnostics.report SPEC.json`."""
-    spec = AnalyzeSpec.model_validate_json(Path(argv[0]).read_text())
-    Path(spec.result_path).write_text(analyze(spec).model_dump_json())
-    return 0
+if __name__ == "__main__":  # `python -m evotrainer.trainer.diagnostics.report SPEC.json` (health_report)
+    from evotrainer.trainer.sandbox import serve_spec
 
-
-if __name__ == "__main__":
-    from evotrainer.trainer.sandbox import child_main
-
-    child_main(main)
+    serve_spec(AnalyzeSpec, analyze)
