@@ -10,11 +10,17 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
+from evotrainer.agents.offline.policy import OfflinePolicy
+from evotrainer.agents.schemas import Plan, PlanInput
+from evotrainer.base.config import loop_config
 from evotrainer.base.errors import UserError
+from evotrainer.graph.build import drive
+from evotrainer.graph.events import EventLog
 from evotrainer.trainer import jobs
 from evotrainer.trainer.evidence import read_rollouts
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.workspaces import TEMPLATES
+from evotrainer.workspaces.run import RunWorkspace
 
 HARNESS = TEMPLATES / "math"
 COLS = ["step", "group_id", "sample_idx", "prompt_id", "completion", "reward", "advantage", "correct"]
@@ -73,3 +79,52 @@ def test_a_line_trained_in_jobs_is_the_line_trained_at_once(tiny_policy, tmp_pat
 def test_a_job_past_the_lines_horizon_is_refused(tiny_policy, tmp_path):
     with pytest.raises(UserError, match="past its line.s horizon of 4 steps"):
         jobs.train(_job(tmp_path, "too-long", tiny_policy, 5, horizon=4), tmp_path / "too-long")
+
+
+class ProposesNothing(OfflinePolicy):
+    def plan(self, inp: PlanInput) -> Plan:
+        return Plan(interventions=[], rationale="a plan that proposes nothing", author="test")
+
+
+def _loop_run(root, policy, meta, **loop) -> RunWorkspace:
+    cfg = loop_config("math", {"train_steps": 2, "backtest": {"steps": 2, "seeds": 1, "max_seeds": 1,
+                                                              "dev_items": 20}, **loop})
+    ws = RunWorkspace.create(root / "run", "math", checkpoint=str(policy), skills=str(root / "skills"),
+                             budget={"generations": 2, "candidates": 1}, loop=cfg)
+    summary = drive(ws, meta, fresh=True)
+    assert summary.finished and summary.promoted == []
+    return ws
+
+
+def _reference(root, policy, ws: RunWorkspace):
+    """The template harness never evolved: the same policy, seed and line horizon, the main line's steps at once."""
+    cfg = ws.config()
+    spec = _job(root, "reference", policy, 4, horizon=cfg.loop.horizon(cfg.budget.generations))
+    spec = spec.model_copy(update={"seed": cfg.seed})
+    return _train(spec, root)[1]
+
+
+def _same_tensors(a_dir, b_dir) -> bool:
+    a, b = load_file(str(a_dir / "model.safetensors")), load_file(str(b_dir / "model.safetensors"))
+    return a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.slow
+def test_with_nothing_proposed_the_main_line_is_the_reference(tiny_policy, tmp_path):
+    ws = _loop_run(tmp_path, tiny_policy, ProposesNothing())
+    champion = ws.champion_checkpoint()
+    assert json.loads((champion / "meta.json").read_text())["global_step"] == 4
+    assert _same_tensors(champion, _reference(tmp_path, tiny_policy, ws))
+
+
+@pytest.mark.slow
+def test_the_control_arm_that_is_the_next_segment_is_adopted_not_trained_again(tiny_policy, tmp_path):
+    """With a candidate backtested and nothing promoted (no interval clears 1.0), generation 2's segment is the
+    control arm of seed 0 that generation 1 trained: adopted with its evidence, and still the reference's line."""
+    ws = _loop_run(tmp_path, tiny_policy, OfflinePolicy(), promotion={"min_ci_low": 1.0})
+    adopted = [e for e in EventLog(ws.path / "events.jsonl").read() if e.get("adopted")]
+    assert [e["generation"] for e in adopted] == [2]
+    assert not (ws.path / "checkpoints" / "g2-train" / "checkpoints" / "policy").exists()
+    main = read_rollouts(ws.path / "evidence", 1, "main").to_pandas()
+    assert len(main) and set(main["branch"]) == {"main"} and sorted(main["step"].unique()) == [3, 4]
+    assert _same_tensors(ws.champion_checkpoint(), _reference(tmp_path, tiny_policy, ws))
