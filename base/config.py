@@ -105,6 +105,12 @@ class LoopConfig(BaseModel):
     def _nest_legacy_keys(cls, data):
         return nest(data) if isinstance(data, dict) else data
 
+    def horizon(self, generations: int) -> int:
+        """The main line's horizon: one continuous training line (TRL's max_steps, so the learning-rate schedule and
+        the data order are the line's) long enough for every generation's champion steps and a promoted short run
+        in each. The reference a comparison measures EvoTrainer against trains on the same horizon."""
+        return generations * (self.train_steps + self.backtest.steps)
+
     def rule(self) -> PromotionRule:
         """The promotion rule the loop's Critic and `backtest --judge` apply."""
         return self.promotion.model_copy(update={"replay_only": not self.short_runs})

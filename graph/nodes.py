@@ -29,8 +29,8 @@ from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.prior import prior_for
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
-from evotrainer.trainer.backtest import backtest_all
-from evotrainer.trainer.evidence import read_rollouts
+from evotrainer.trainer.backtest import arm_tag, backtest_all
+from evotrainer.trainer.evidence import adopt, read_rollouts
 from evotrainer.workspaces.run import RunWorkspace
 
 SAMPLES = 6
@@ -75,8 +75,15 @@ class Loop:
                              seed=self.cfg.seed, expected_fingerprint=self.cfg.fingerprint).accuracy
 
     # -- train ---------------------------------------------------------------------------------
+    def horizon(self) -> int:
+        return self.cfg.loop.horizon(self.cfg.budget.generations)
+
     def train(self, state: LoopState) -> dict:
-        """The champion harness trains the champion policy; its rollouts are the evidence of generation g-1."""
+        """The champion harness continues the main line: one training line across generations (its optimizer,
+        schedule, RNG and data order carry over in the checkpoint's kept state), so that with nothing promoted the
+        main line is the reference's training, step for step. Its rollouts are the evidence of generation g-1. A
+        segment the previous generation's control arm of seed 0 already trained (the same harness, state and
+        steps) is adopted, not trained again."""
         from evotrainer.trainer.grpo import TrainSpec
 
         g, ws = state.generation, self.ws
@@ -84,8 +91,10 @@ class Loop:
             ws.starting_policy(self.feed("warm-up (SFT, cached)"))
         champ_commit, champ = ws.snapshot("main")
         out = ws.path / "checkpoints" / f"g{g}-train"
-        spec = TrainSpec(domain=self.cfg.domain, checkpoint=str(start), harness_dir=str(champ),
-                         steps=self.cfg.loop.train_steps, seed=self.cfg.seed + g, out_dir=str(out),
+        steps = self.cfg.loop.train_steps
+        spec = TrainSpec(domain=self.cfg.domain, checkpoint=str(start), harness_dir=str(champ), steps=steps,
+                         seed=self.cfg.seed, horizon=self.horizon(), keep_state=True,
+                         **jobs.continuation(start, champ), out_dir=str(out),
                          checkpoint_id="policy", checkpoints_dir=str(out / "checkpoints"),
                          evidence_dir=str(ws.path / "evidence"), run=ws.path.name, generation=g - 1, branch="main",
                          harness_commit=champ_commit, result_path=str(out / "specs" / "train.result.json"))
@@ -99,10 +108,18 @@ class Loop:
                     before["error"] = e
             thread = threading.Thread(target=eval_start)
             thread.start()
+        trained = 0
         try:
             ckpt = out / "checkpoints" / "policy"
-            if not (ckpt / "meta.json").is_file():
+            shared = self._trained_by_control(g, spec) if not (ckpt / "meta.json").is_file() else None
+            if shared is not None:
+                ckpt = shared
+                adopt(ws.path / "evidence", g - 1, "control", arm_tag(champ_commit, 0, steps), "main")
+                self.events.emit("decision", node="train", generation=g, adopted=str(shared),
+                                 reason="the previous generation's control arm of seed 0 trained this segment")
+            elif not (ckpt / "meta.json").is_file():
                 jobs.train(spec, out, on_progress=self.feed(f"g{g} train champion"))
+                trained = steps
         finally:
             if thread:
                 thread.join()
@@ -110,8 +127,26 @@ class Loop:
             raise before["error"]
         dev = self._evaluate(ckpt, out)
         ws.set_champion(ckpt, g)
-        return {"checkpoint": str(ckpt), "dev_start": before.get("dev", state.dev_start), "dev_trained": dev,
-                "steps_used": state.steps_used + self.cfg.loop.train_steps}
+        return {"checkpoint": str(ckpt), "trained": str(ckpt), "dev_start": before.get("dev", state.dev_start),
+                "dev_trained": dev, "steps_used": state.steps_used + trained}
+
+    def _trained_by_control(self, g: int, spec) -> Path | None:
+        """The previous generation's control arm of seed 0 when it is exactly this segment: the champion harness
+        at the same commit, from the same policy and state, the same steps on the same line, sampling as the line
+        does (no reseed). Its evidence (generation g-1, like this segment's) is adopted as the main line's."""
+        if g < 2:
+            return None
+        arm = self.ws.path / "backtests" / f"g{g - 1}" / "control" / arm_tag(spec.harness_commit, 0, spec.steps)
+        ckpt = arm / "checkpoints" / "policy"
+        if not (ckpt / "meta.json").is_file():
+            return None
+        meta = json.loads((ckpt / "meta.json").read_text())
+        same = (Path(meta.get("parent", "")).resolve() == Path(spec.checkpoint).resolve()
+                and meta.get("harness_commit") == spec.harness_commit and meta.get("steps") == spec.steps
+                and meta.get("horizon") == spec.horizon and meta.get("seed") == spec.seed
+                and meta.get("reseed") is None and meta.get("continued") == spec.resume_state
+                and not meta.get("fresh_optimizer") and meta.get("state"))
+        return ckpt if same else None
 
     # -- diagnose ------------------------------------------------------------------------------
     def diagnose(self, state: LoopState) -> dict:
@@ -385,7 +420,7 @@ class Loop:
         promoted = winner.branch if winner else None
         dev_end = self._first_arm(winner).dev_accuracy if winner else state.dev_trained
         record = GenerationRecord(
-            generation=g, champion_commit=ws.harness.head("main"), checkpoint=state.checkpoint,
+            generation=g, champion_commit=ws.harness.head("main"), checkpoint=state.checkpoint, trained=state.trained,
             dev_trained=state.dev_trained, dev_accuracy=dev_end, promoted=promoted,
             candidates=[c.branch or c.intervention.id for c in state.candidates],
             rejected=[f"{c.branch or c.intervention.id}: {'; '.join(c.verdict.reasons)}" for c in state.candidates

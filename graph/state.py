@@ -40,6 +40,7 @@ class GenerationRecord(BaseModel):
     generation: int
     champion_commit: str
     checkpoint: str
+    trained: str | None = Field(None, description="the policy this generation's train node produced (or adopted)")
     dev_trained: float | None = Field(None, description="dev accuracy of the champion after this generation's train")
     dev_accuracy: float | None = Field(None, description="dev accuracy of the champion at the generation's end")
     promoted: str | None = None
@@ -53,6 +54,7 @@ class LoopState(BaseModel):
     checkpoint: str = Field("", description="the champion policy")
     dev_start: float | None = None
     dev_trained: float | None = None
+    trained: str | None = Field(None, description="this generation's trained (or adopted) main-line segment")
     findings: list[Finding] = Field(default_factory=list)
     diagnosis: Diagnosis | None = None
     plan: Plan | None = None

@@ -13,6 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from evotrainer.base.config import loop_config
 from evotrainer.base.errors import UserError
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import BacktestConfig, paired_bootstrap
@@ -56,7 +57,9 @@ def _candidate(ws: RunWorkspace, generation: int, name: str, edit: dict[str, tup
 
 @pytest.fixture(scope="module")
 def run(tiny_policy, tmp_path_factory) -> RunWorkspace:
-    ws = RunWorkspace.create(tmp_path_factory.mktemp("bt") / "run", "math")
+    # one generation whose main line is 3 champion steps and an 8-step short run (FAST): the arms' horizon
+    ws = RunWorkspace.create(tmp_path_factory.mktemp("bt") / "run", "math", budget={"generations": 1},
+                             loop=loop_config("math", {"train_steps": 3, "backtest": {"steps": 5}}))
     _commit_to_champion(ws, {"harness.yaml": ("learning_rate: 1.0e-4", "learning_rate: 1.0e-3")},
                         "Test champion: a larger step so that effects show in a few steps")
     ws.set_champion(tiny_policy, 0)

@@ -161,3 +161,33 @@ def read_steps(root: str | Path, generation: int | None = None, branch: str | No
                tag: str | list[str] | None = None) -> pa.Table:
     """All per-step aggregate rows under an evidence root."""
     return _read(root, "steps", generation, branch, tag)
+
+
+def adopt(root: str | Path, generation: int, src_branch: str, tag: str, dst_branch: str) -> int:
+    """Re-file the chunks one writer (`src_branch`, exact `tag`) wrote as `dst_branch`'s own (untagged), with the
+    branch and rollout ids of the rows rewritten: a run that is the next segment of another line (the loop's
+    control arm of seed 0 is the champion's next segment) becomes that line's evidence without training again.
+    Idempotent: `dst_branch`'s untagged chunks are replaced. Returns the number of rollouts adopted."""
+    root = Path(root)
+    src = root / f"g{generation}" / branch_dir(src_branch)
+    dest = EvidenceWriter(root, generation, dst_branch)
+    dest.truncate_after(0)
+    n = 0
+    for kind in ("steps", "rollouts"):
+        for path in sorted(src.glob(f"{kind}-{branch_dir(tag)}-*.parquet")):
+            step = path.stem.removeprefix(f"{kind}-{branch_dir(tag)}-")
+            if not step.isdigit():
+                continue  # another tag that starts with this one
+            rows = pq.read_table(path).to_pylist()
+            for r in rows:
+                r["branch"] = dst_branch
+                if kind == "rollouts":
+                    r["rollout_id"] = r["rollout_id"].replace(f"/{src_branch}/{tag}/", f"/{dst_branch}/", 1)
+            if kind == "rollouts":
+                dest.add_rollouts(rows)
+                n += len(rows)
+            else:
+                for r in rows:
+                    dest.add_step(r)
+            dest.flush(int(step))
+    return n

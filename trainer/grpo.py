@@ -34,8 +34,17 @@ class TrainSpec(BaseModel):
     domain: str
     checkpoint: str  # the starting policy
     harness_dir: str
-    steps: int
-    seed: int = 0
+    steps: int  # GRPO steps this job trains
+    seed: int = 0  # TRL's seed and data seed: the line's data order
+    # one training line continued across jobs (the loop's main line, short runs branching from it): the line's
+    # planned length (TRL's max_steps, so the schedule and the data order are the line's, not the job's), the
+    # trainer state of the job it continues (optimizer, scheduler, RNG, data position, weights), and what this job
+    # changes of it
+    horizon: int | None = None  # None: this job is the whole line (steps)
+    resume_state: str | None = None  # a `state/` directory an earlier job of the line kept
+    fresh_optimizer: bool = False  # drop the optimizer and scheduler state (an optimizer setting changed)
+    reseed: int | None = None  # reseed sampling after resuming: a replicate of the same state (short-run seed s)
+    keep_state: bool = False  # keep this job's final trainer state for the next job of the line
     out_dir: str  # holds trl/ (resumable state) and the final checkpoint
     checkpoint_id: str
     checkpoints_dir: str
@@ -65,7 +74,8 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
 
     knobs = {**TRAINER_DEFAULTS, **trainer_knobs}
     return GRPOConfig(
-        output_dir=str(child_dir(spec) / "trl"), max_steps=spec.steps, seed=spec.seed, data_seed=spec.seed,
+        output_dir=str(child_dir(spec) / "trl"), max_steps=spec.horizon or spec.steps, seed=spec.seed,
+        data_seed=spec.seed,
         use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], logging_steps=1,
         save_strategy="steps", save_steps=spec.save_every, save_total_limit=1, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, reward_weights=reward_weights, **knobs,
@@ -260,7 +270,13 @@ def train(spec: TrainSpec) -> dict:
 
     evidence = EvidenceWriter(out / "evidence", spec.generation, spec.branch, spec.evidence_tag)
     trl_dir = Path(args.output_dir)
+    start_step = state_step(spec.resume_state) if spec.resume_state else 0
+    stop_at = start_step + spec.steps
+    if args.max_steps < stop_at:
+        raise ValueError(f"the line's horizon ({args.max_steps} steps) ends before this job's last step ({stop_at})")
     done = sorted(trl_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not done and spec.resume_state:  # the line's previous job kept its state: continue from it
+        done = [_continue_from(Path(spec.resume_state), trl_dir / f"checkpoint-{start_step}", spec.fresh_optimizer)]
     resume = str(done[-1]) if done else None
     evidence.truncate_after(int(done[-1].name.split("-")[1]) if done else 0)
 
@@ -272,7 +288,28 @@ def train(spec: TrainSpec) -> dict:
                 row.update({k.replace("rewards/", "reward_").replace("/mean", ""): float(v) for k, v in logs.items()
                             if k.startswith("rewards/") and k.endswith("/mean")})
                 evidence.add_step(row)
-                progress(phase="train", step=state.global_step, total=spec.steps, reward=row.get("reward"))
+                progress(phase="train", step=state.global_step - start_step, total=spec.steps,
+                         reward=row.get("reward"))
+
+    class Segment(TrainerCallback):
+        """This job's part of the line: a replicate reseeds sampling at its first step (after TRL restored the
+        line's RNG), and training stops at `stop_at` with the state saved for the next job."""
+
+        def on_step_begin(self, args_, state, control, **kw):
+            if spec.reseed is not None and state.global_step == start_step:
+                import random
+
+                import numpy as np
+
+                value = 1_000_003 * (spec.reseed + 1) + start_step
+                random.seed(value)
+                np.random.seed(value % 2**32)
+                torch.manual_seed(value)
+
+        def on_step_end(self, args_, state, control, **kw):
+            if state.global_step >= stop_at:
+                control.should_training_stop = True
+                control.should_save = control.should_save or spec.keep_state
 
     multi_turn = {}
     if spec.env is not None:  # episodes in the harness's tool environment (env.py)
@@ -280,7 +317,7 @@ def train(spec: TrainSpec) -> dict:
         multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, spec.env), args)
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
-                          processing_class=tokenizer, callbacks=[Capture()], evidence=evidence, spec=spec,
+                          processing_class=tokenizer, callbacks=[Capture(), Segment()], evidence=evidence, spec=spec,
                           group_filters=load_group_filters(spec.harness_dir, hspec),
                           **multi_turn)
     trainer.train(resume_from_checkpoint=resume)
@@ -290,16 +327,43 @@ def train(spec: TrainSpec) -> dict:
     shutil.rmtree(final, ignore_errors=True)
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
-    logged = [h for h in trainer.state.log_history if "reward" in h]
+    logged = [h for h in trainer.state.log_history if "reward" in h and h.get("step", 0) > start_step]
+    step = trainer.state.global_step
+    if spec.keep_state:  # the next job of the line continues from here
+        kept = trl_dir / f"checkpoint-{step}"
+        if not (kept / "trainer_state.json").is_file():
+            raise RuntimeError(f"training stopped at step {step} without saving its state")
+        shutil.rmtree(out / "state", ignore_errors=True)
+        os.replace(kept, out / "state")
     shutil.rmtree(trl_dir, ignore_errors=True)  # resumable state is no longer needed
     return {  # the parent (jobs.train) adds what it knows itself and writes the checkpoint's meta.json
-        "steps": trainer.state.global_step, "resumed_from": resume, "seconds": round(time.time() - started, 1),
+        "steps": step - start_step, "global_step": step, "resumed_from": resume,
+        "seconds": round(time.time() - started, 1),
         "metrics": {
             "train_reward_first": logged[0]["reward"] if logged else None,
             "train_reward_last": logged[-1]["reward"] if logged else None,
             "frac_zero_std_mean": sum(h.get("frac_reward_zero_std", 0) for h in logged) / max(len(logged), 1),
         },
     }
+
+
+OPTIMIZER_STATE = ("optimizer.pt", "scheduler.pt")
+
+
+def state_step(state_dir: str | Path) -> int:
+    """The global step a kept trainer state is at."""
+    return int(json.loads((Path(state_dir) / "trainer_state.json").read_text())["global_step"])
+
+
+def _continue_from(state: Path, dest: Path, fresh_optimizer: bool) -> Path:
+    """A copy of the line's kept state as this job's first TRL checkpoint (the kept one stays read-only); without
+    the optimizer and scheduler when an optimizer setting changed (TRL then builds them anew from the new knobs)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for p in state.iterdir():
+        if p.is_file() and not p.is_symlink() and not (fresh_optimizer and p.name in OPTIMIZER_STATE):
+            shutil.copy2(p, dest / p.name)
+    return dest
 
 
 def main(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.trainer.evaluate import EvalResult, EvalSpec
-from evotrainer.trainer.grpo import TrainSpec, child_dir
+from evotrainer.trainer.grpo import TrainSpec, child_dir, state_step
 from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root, cached_policy, default_configs
 from evotrainer.trainer.sandbox import ChildResult, Isolation, Limits, isolation_mode, run_module
 
@@ -138,13 +138,14 @@ def _fingerprint_now(domain: str) -> str:
 
 
 def prompts_needed(spec: TrainSpec, knobs: dict) -> int:
-    """Train prompts a run of `spec.steps` draws (at least 1,000, so a filter has something to choose from)."""
+    """Train prompts a line of `spec.horizon` steps draws (at least 1,000, so a filter has something to choose
+    from): every job of one line gets the same rows, so the data order continues across them."""
     from evotrainer.trainer.harness import TRAINER_DEFAULTS
 
     knobs = {**TRAINER_DEFAULTS, **knobs}
     batch = knobs["per_device_train_batch_size"] * (knobs.get("steps_per_generation")
                                                     or knobs.get("gradient_accumulation_steps") or 1)
-    return max(spec.steps * batch // knobs["num_generations"], 1000)
+    return max((spec.horizon or spec.steps) * batch // knobs["num_generations"], 1000)
 
 
 def _sealed_env(domain) -> dict | None:
@@ -169,6 +170,11 @@ def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
 
     domain = get_domain(spec.domain)
     knobs = load_spec(spec.harness_dir).trainer  # YAML only: the harness's code runs in the child
+    if spec.horizon is not None:
+        end = (state_step(spec.resume_state) if spec.resume_state else 0) + spec.steps
+        if end > spec.horizon:
+            raise UserError(f"training {spec.checkpoint_id} would end at step {end}, past its line's horizon of "
+                            f"{spec.horizon} steps: raise the horizon or train fewer steps")
     tasks = domain.tasks("train", prompts_needed(spec, knobs), seed=spec.seed)
     sealed = getattr(domain, "sealed_columns", ())
     rows_path = work_dir / "specs" / f"train-{spec.checkpoint_id}.rows.json"
@@ -182,8 +188,8 @@ def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
         # ours (evaluate caches here): the cache folder exists before the child starts, so its mask holds even
         # when an evaluation of the same policy writes its first result while the child trains
         (start / "evals").mkdir(exist_ok=True)
-    iso = Isolation(read=[spec.harness_dir, spec.checkpoint, str(spec_path), str(rows_path)],
-                    write=[str(child_dir(spec))])
+    iso = Isolation(read=[spec.harness_dir, spec.checkpoint, *([spec.resume_state] if spec.resume_state else []),
+                          str(spec_path), str(rows_path)], write=[str(child_dir(spec))])
     return TrainingJob(spec_path, iso, domain, {t.id: t for t in tasks})
 
 
@@ -205,29 +211,48 @@ def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limi
         raise UserError(f"training {spec.checkpoint_id} ended without a readable result ({e}): see its log {log}"
                         ) from e
     grade_evidence(spec, job.domain, job.tasks)
+    from evotrainer.trainer.harness import load_spec
+
     meta = {
         "id": spec.checkpoint_id, "parent": spec.checkpoint, "domain": spec.domain,
         "harness": str(Path(spec.harness_dir).resolve()), "harness_commit": spec.harness_commit,
-        "steps": steps, "seed": spec.seed, "generation": spec.generation, "branch": spec.branch,
+        "steps": steps, "global_step": int(result.get("global_step", steps)), "horizon": spec.horizon or spec.steps,
+        "seed": spec.seed, "reseed": spec.reseed, "generation": spec.generation, "branch": spec.branch,
+        "continued": spec.resume_state, "fresh_optimizer": spec.fresh_optimizer,
+        "optimizer": optimizer_knobs(load_spec(spec.harness_dir).trainer), "state": spec.keep_state,
         "resumed_from": result.get("resumed_from"), "seconds": result.get("seconds"),
         "metrics": result.get("metrics", {}), "isolation": isolation_mode(),
     }
-    _install_policy(out / "final", Path(spec.checkpoints_dir) / spec.checkpoint_id, meta)
+    dest = Path(spec.checkpoints_dir) / spec.checkpoint_id
+    _install_policy(out / "final", dest, meta, state=out / "state" if spec.keep_state else None)
     shutil.rmtree(out, ignore_errors=True)
     atomic_write_text(Path(spec.result_path), json.dumps(meta))
     return meta
 
 
-def _install_policy(final: Path, dest: Path, meta: dict) -> None:
-    """Move the child's saved policy to its checkpoint directory: model files only (a child never hands over
-    an evaluation cache or its own meta.json), then meta.json written here, last (its presence = done)."""
-    if not (final / "config.json").is_file():
-        raise UserError(f"the training child saved no policy under {final}")
-    for p in list(final.iterdir()):
+def _regular_files_only(d: Path) -> None:
+    """Leave only regular files in `d` (no directory, symlink or device a child could have planted)."""
+    for p in list(d.iterdir()):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
-        elif p.is_symlink() or not p.is_file() or p.name == "meta.json":
+        elif p.is_symlink() or not p.is_file():
             p.unlink()
+
+
+def _install_policy(final: Path, dest: Path, meta: dict, state: Path | None = None) -> None:
+    """Move the child's saved policy to its checkpoint directory: model files only (a child never hands over
+    an evaluation cache or its own meta.json), with the trainer state it kept for the line's next job under
+    `state/` (read only by training children, never by this process or an evaluation), then meta.json written
+    here, last (its presence = done)."""
+    if not (final / "config.json").is_file():
+        raise UserError(f"the training child saved no policy under {final}")
+    _regular_files_only(final)
+    (final / "meta.json").unlink(missing_ok=True)
+    if state is not None:
+        if not (state / "trainer_state.json").is_file():
+            raise UserError(f"the training child kept no trainer state under {state}")
+        _regular_files_only(state)
+        os.replace(state, final / "state")
     dest.parent.mkdir(parents=True, exist_ok=True)
     staged = dest.with_name(dest.name + ".installing")  # beside dest: the child's directory may lie inside it
     shutil.rmtree(staged, ignore_errors=True)
@@ -235,6 +260,33 @@ def _install_policy(final: Path, dest: Path, meta: dict) -> None:
     shutil.rmtree(dest, ignore_errors=True)
     os.replace(staged, dest)
     atomic_write_text(dest / "meta.json", json.dumps(meta, indent=2))
+
+
+# the GRPOConfig knobs the optimizer and scheduler state embody: a job that changes one cannot continue the line's
+# optimizer state (TRL would restore the old learning rate with it) and starts them anew (`fresh_optimizer`)
+OPTIMIZER_KNOBS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2")
+
+
+def optimizer_knobs(trainer: dict) -> dict:
+    from evotrainer.trainer.harness import TRAINER_DEFAULTS
+
+    knobs = {**TRAINER_DEFAULTS, **trainer}
+    return {k: knobs.get(k) for k in OPTIMIZER_KNOBS}
+
+
+def continuation(checkpoint: str | Path, harness_dir: str | Path) -> dict:
+    """How a job under `harness_dir` continues the line `checkpoint` is on: `resume_state` (its kept state, None
+    when it kept none) and `fresh_optimizer` (an optimizer setting differs from the one that state was trained
+    with). TrainSpec keywords."""
+    from evotrainer.trainer.harness import load_spec
+
+    checkpoint = Path(checkpoint)
+    meta_path, state = checkpoint / "meta.json", checkpoint / "state"
+    if not meta_path.is_file() or not (state / "trainer_state.json").is_file():
+        return {"resume_state": None, "fresh_optimizer": False}
+    before = json.loads(meta_path.read_text()).get("optimizer")
+    return {"resume_state": str(state),
+            "fresh_optimizer": before != optimizer_knobs(load_spec(harness_dir).trainer)}
 
 
 def grade_evidence(spec: TrainSpec, domain, tasks: dict) -> int:

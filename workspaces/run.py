@@ -131,7 +131,8 @@ class RunWorkspace:
         cfg = self.config()
         start = self.champion_checkpoint() or (Path(cfg.checkpoint) if cfg.checkpoint else None)
         return Bench(run=str(self.path), domain=cfg.domain, seed=cfg.seed, fingerprint=cfg.fingerprint,
-                     generation=generation, champion=self.harness_at("main"), start=str(start) if start else None)
+                     generation=generation, horizon=cfg.loop.horizon(cfg.budget.generations),
+                     champion=self.harness_at("main"), start=str(start) if start else None)
 
     def harness_at(self, branch: str, ref: str | None = None):
         """A branch's harness at `ref` (default: the branch's head) as a snapshot (`trainer.backtest.Harness`)."""

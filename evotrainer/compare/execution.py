@@ -33,6 +33,15 @@ class Compare:
         self.budget, self.budget_name, self.start, self.command = budget, budget_name, checkpoint, command
         self.status = status or (lambda text: None)
 
+    def loop_config(self):
+        from evotrainer.base.config import loop_config
+
+        return loop_config(self.domain, self.budget.loop_overrides())
+
+    def horizon(self) -> int:
+        """The loop arms' main-line horizon: a static arm trains on the same one."""
+        return self.loop_config().horizon(self.budget.generations)
+
     def cell_path(self, arm: str, seed: int) -> Path:
         return self.out / "cells" / f"{arm}-s{seed}.json"
 
@@ -70,8 +79,9 @@ class Compare:
         work = self.out / "static" / f"{arm}-s{seed}"
         ckpt = work / "checkpoints" / "policy"
         if not (ckpt / "meta.json").is_file():
+            # the loop's main line of the same seed, never evolved: its horizon (schedule, data order), at once
             spec = TrainSpec(domain=self.domain, checkpoint=str(self.start), harness_dir=str(harness), steps=steps,
-                             seed=seed, out_dir=str(work), checkpoint_id="policy",
+                             seed=seed, horizon=max(self.horizon(), steps), out_dir=str(work), checkpoint_id="policy",
                              checkpoints_dir=str(work / "checkpoints"), evidence_dir=str(work / "evidence"),
                              run=f"compare-{arm}", harness_commit=f"static:{arm}",
                              result_path=str(work / "specs" / "train.result.json"))
@@ -104,9 +114,10 @@ class Compare:
         ckpt = ws.champion_checkpoint() or self.start
         ev = self._test(ckpt, seed, run_dir)
         lineage, promotions = self._lineage(ws), []
-        for h in summary.history:
+        for i, h in enumerate(summary.history):
             if h.promoted:
-                promotions.append(self._promotion(ws, h, seed))
+                nxt = summary.history[i + 1].trained if i + 1 < len(summary.history) else None
+                promotions.append(self._promotion(ws, h, seed, nxt))
         return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
                     total_steps=summary.steps_used, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
@@ -126,17 +137,17 @@ class Compare:
                         "failed_gates": v.failed_gates, "repairs": v.repairs})
         return out
 
-    def _promotion(self, ws, h, seed: int) -> dict:
+    def _promotion(self, ws, h, seed: int, next_trained: str | None = None) -> dict:
         """The promoted harness's effect on the sealed test: the policy it handed on against the champion it
         replaced (the generation's trained checkpoint); a replay-only promotion hands on the same policy, so its
         harness is judged by the next generation's training."""
         from evotrainer.trainer.backtest.statistics import paired_bootstrap
 
         g = h.generation
-        before = ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy"
+        before = Path(h.trained or ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy")
         after = Path(h.checkpoint)
-        if after.resolve() == before.resolve():
-            after = ws.path / "checkpoints" / f"g{g + 1}-train" / "checkpoints" / "policy"
+        if after.resolve() == before.resolve():  # the next generation's segment, trained under the new harness
+            after = Path(next_trained or ws.path / "checkpoints" / f"g{g + 1}-train" / "checkpoints" / "policy")
         record = {"generation": g, "branch": h.promoted, "before": str(before), "after": str(after)}
         if not (after / "config.json").is_file():
             return {**record, "measured": False, "invalid": False}
@@ -157,9 +168,7 @@ class Compare:
                 cells.append(evo)
                 main = evo.main_steps
             if main is None:  # no EvoTrainer arm: the champion line's length without promotions
-                from evotrainer.base.config import loop_config
-
-                main = self.budget.generations * loop_config(self.domain, self.budget.loop_overrides()).train_steps
+                main = self.budget.generations * self.loop_config().train_steps
             cells += [self.cell(arm, seed, main) for arm in self.arms if arm != "evotrainer"]
         start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
         comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,

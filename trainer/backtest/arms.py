@@ -43,6 +43,7 @@ class Bench(BaseModel):
     seed: int
     fingerprint: str = Field(description="the sealed scorer's fingerprint the run was created with")
     generation: int = Field(description="the generation whose candidates are backtested")
+    horizon: int = Field(description="the main line's horizon: arms continue the champion's training line")
     champion: Harness
     start: str | None = Field(None, description="the policy short runs start from: the champion's (None: the "
                                                 "domain's cached warm policy, built on a miss)")
@@ -120,11 +121,20 @@ class Arms:
     def _run(self, role, branch, commit, harness_dir, seed, out, ckpt, tag, started):
         from evotrainer.trainer import jobs
         from evotrainer.trainer.evidence import read_rollouts
-        from evotrainer.trainer.grpo import TrainSpec
+        from evotrainer.trainer.grpo import TrainSpec, state_step
 
         if not (ckpt / "meta.json").is_file():
+            # the arm continues the champion's line (its optimizer, schedule and data order); seed 0 samples as the
+            # line would, so the control's seed-0 arm is the main line's next segment, and a candidate's paired arm
+            # differs from it by the harness alone; seed s > 0 is a replicate that samples anew
+            cont = jobs.continuation(self.start, harness_dir)
+            at = state_step(cont["resume_state"]) if cont["resume_state"] else 0
+            # a backtest longer than the run's short runs (`evotrainer backtest --steps`) runs past the line's horizon
             spec = TrainSpec(domain=self.domain, checkpoint=str(self.start), harness_dir=str(harness_dir),
-                             steps=self.cfg.steps, seed=seed, out_dir=str(out), checkpoint_id="policy",
+                             steps=self.cfg.steps, seed=self.bench.seed,
+                             horizon=max(self.bench.horizon, at + self.cfg.steps), reseed=seed or None,
+                             keep_state=True, **cont,
+                             out_dir=str(out), checkpoint_id="policy",
                              checkpoints_dir=str(out / "checkpoints"), evidence_dir=str(self.bench.evidence),
                              run=self.bench.path.name, generation=self.generation, branch=branch, harness_commit=commit,
                              evidence_tag=tag, result_path=str(out / "specs" / "train.result.json"))
