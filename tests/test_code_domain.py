@@ -4,7 +4,6 @@ canonical solutions pass, and the code analyzers fire on crafted rollouts and st
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -44,8 +43,7 @@ def test_hostile_programs_are_contained_and_reported_one_by_one():
     assert not (REPO / "PWNED").exists()
     got = dict(zip(HOSTILE, out[1:-1]))
     assert got["fork_caught"].outputs == [3, 5] and got["fork_caught"].violations  # caught, still reported
-    assert any("reading" in v for v in got["read_hidden_tests"].violations)
-    assert got["infinite_loop"].seconds < 3
+    assert any("reading" in v for v in got["read_hidden_tests"].violations)  # the loop's kill time: bench_limits.py
 
 
 def test_a_program_writes_only_in_its_own_directory_which_is_removed():
@@ -68,13 +66,12 @@ def test_a_dead_worker_is_replaced_and_grading_goes_on():
         pool.close()
 
 
-def test_grading_128_completions_is_fast():
+def test_grading_128_completions_passes_every_target():
+    """The batch path a training step takes (its speed: benchmarks/bench_code.py)."""
     d = get_domain("code")
     tasks = d.tasks("train", 128, seed=3)
     grade_all(d, ["x"], [tasks[0].answer], ["expr"])  # start the workers
-    t = time.perf_counter()
     grades = grade_all(d, [t.target for t in tasks], [t.answer for t in tasks], [t.fmt for t in tasks])
-    assert time.perf_counter() - t < 2.0
     assert all(g.correct for g in grades)
 
 
