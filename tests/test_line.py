@@ -76,9 +76,10 @@ def test_a_line_trained_in_jobs_is_the_line_trained_at_once(tiny_policy, tmp_pat
     assert json.loads((second / "meta.json").read_text())["continued"] == str(first / "state")
 
 
-def test_a_job_past_the_lines_horizon_is_refused(tiny_policy, tmp_path):
+def test_a_job_past_the_lines_horizon_is_refused(tmp_path):
+    """Refused before any child starts (the policy is never read)."""
     with pytest.raises(UserError, match="past its line.s horizon of 4 steps"):
-        jobs.train(_job(tmp_path, "too-long", tiny_policy, 5, horizon=4), tmp_path / "too-long")
+        jobs.train(_job(tmp_path, "too-long", tmp_path / "no-policy", 5, horizon=4), tmp_path / "too-long")
 
 
 class ProposesNothing(OfflinePolicy):
