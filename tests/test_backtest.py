@@ -74,6 +74,7 @@ def run(tiny_policy, tmp_path_factory) -> RunWorkspace:
     return ws
 
 
+@pytest.mark.slow
 def test_replay_of_a_reward_bug_trips_the_agreement_gate(run):
     branch = _candidate(run, 1, "lenient parser", {"rewards.py": BUG})
     res = backtest(run.path, branch, replay_only=True)
@@ -100,6 +101,7 @@ def _with_term(name: str, weight: float, source: str = HACK) -> dict[str, tuple[
                              f"  - name: {name}\n    weight: {weight}\n  - name: answer_format ")}
 
 
+@pytest.mark.slow
 def test_replay_gates_a_small_reward_hack_and_passes_harmless_changes(run):
     """A 0.02 bonus for short answers (unrelated to correctness) is gated by unsealed_preference on the stored
     rollouts; a constant bonus and a format weight change, on the same rollouts, are not gated at all."""
@@ -124,6 +126,7 @@ def _diff(files: dict[str, str], changed: dict[str, str]) -> str:
                    for p, t in changed.items())
 
 
+@pytest.mark.slow
 def test_an_engineers_patch_goes_through_the_coders_path_and_the_rule(run, tmp_path):
     """`evotrainer propose` makes a candidate from a diff as the Coder does; `backtest --judge` ends with the rule's
     verdict. A patch outside the harness, one that does not apply and one that makes an invalid harness are each
@@ -159,6 +162,7 @@ def test_an_engineers_patch_goes_through_the_coders_path_and_the_rule(run, tmp_p
     assert sorted(r.branch for r in run.harness.lineage()) == before
 
 
+@pytest.mark.slow
 def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(run):
     """Planted scenario 1: train reward rises, the sealed correct rate does not, the divergence gate fires."""
     branch = _candidate(run, 1, "lenient parser short", {"rewards.py": BUG})
@@ -183,6 +187,7 @@ def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(r
     assert "reward_divergence" in s.failed_gates
 
 
+@pytest.mark.slow
 def test_too_short_length_limit_is_critical_and_the_restoring_branch_is_not_flagged(run):
     """Planted scenario 2."""
     cfg = ShortRunConfig(steps=3, seeds=1, max_seeds=1, dev_items=100, bootstrap=200)
@@ -203,6 +208,7 @@ def test_too_short_length_limit_is_critical_and_the_restoring_branch_is_not_flag
     assert all(f.value < trunc[0].value / 2 for f in after)
 
 
+@pytest.mark.slow
 def test_dead_group_filter_replay_reports_the_groups_it_takes_out(run):
     """Planted scenario 3: the replay counts the zero-variance groups and what the filter does to them."""
     branch = _candidate(run, 3, "drop dead groups", {"harness.yaml": ("group_filters: []",
@@ -214,6 +220,7 @@ def test_dead_group_filter_replay_reports_the_groups_it_takes_out(run):
     assert r.changed_fraction == 0.0 and not r.failed_gates
 
 
+@pytest.mark.slow
 def test_partial_credit_rescues_dead_groups_and_own_analyzers_run(run):
     partial = ("out.append(1.0 if value is not None and value == int(expected) else 0.0)",
                "out.append(1.0 if value is not None and value == int(expected) else "
@@ -232,6 +239,7 @@ def test_partial_credit_rescues_dead_groups_and_own_analyzers_run(run):
     assert "long_answers" in {f.analyzer for f in r.findings}
 
 
+@pytest.mark.slow
 def test_errors_are_one_line_and_write_nothing(run):
     reports = run.path / "reports"
     with pytest.raises(UserError, match="not a candidate"):
@@ -248,6 +256,7 @@ def test_errors_are_one_line_and_write_nothing(run):
     assert proc.returncode == 2 and proc.stderr.count("error:") == 1 and "not a candidate" in proc.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_evidence_is_one_clear_error(run, tmp_path):
     branch = _candidate(run, 4, "answer format weight", {"harness.yaml": ("weight: 0.1", "weight: 0.2")})
     bad = run.path / "evidence" / "g7" / "main" / "rollouts-0000001.parquet"
@@ -294,6 +303,7 @@ def test_agreement_metrics():
     assert agreement(np.ones(3), np.ones(3, dtype=bool)).auc is None
 
 
+@pytest.mark.slow
 def test_new_analyzer_validated_on_history(run, tmp_path):
     """After the scenarios above, the run's history holds promoted and rejected branches."""
     from evotrainer.trainer.diagnostics.history import validate_on_history
@@ -323,6 +333,7 @@ def test_new_analyzer_validated_on_history(run, tmp_path):
     assert json.loads(proc.stdout)["recall"] == 1.0
 
 
+@pytest.mark.slow
 def test_harness_analyzer_cannot_replace_a_built_in(run, tmp_path):
     from evotrainer.trainer.diagnostics.report import health_report
 
@@ -338,6 +349,7 @@ def test_harness_analyzer_cannot_replace_a_built_in(run, tmp_path):
         health_report(run.path / "evidence", 0, "main", harness, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_gate_the_stored_rollouts_already_fail_is_left_to_the_short_run(run):
     """Replay re-scores the champion's own rollouts: a gate they fail whatever the rewards (a behaviour, like a
     tool leak that an env.py edit would close) is inherited, not the candidate's failure."""
@@ -353,6 +365,7 @@ def test_a_gate_the_stored_rollouts_already_fail_is_left_to_the_short_run(run):
     assert "always_gated" not in res.failed_gates and "always_gated" in {f.analyzer for f in res.replay.findings}
 
 
+@pytest.mark.slow
 def test_a_repair_of_the_champions_gate_is_also_measured_against_the_starting_policy(run):
     """A champion whose own control arms fail a gate (here a lenient reward: shaped_vs_sealed) has a dev score that
     is not one to beat; the short run then scores the policy both arms started from, on the same items, so the

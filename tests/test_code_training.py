@@ -41,6 +41,7 @@ def code_run(cache_dir, tmp_path_factory) -> RunWorkspace:
     return ws
 
 
+@pytest.mark.slow
 def test_evidence_carries_execution_columns_graded_on_hidden_tests(code_run):
     rows = read_rollouts(code_run.path / "evidence", 0, "main").to_pandas()
     assert len(rows) == 2 * 256
@@ -63,6 +64,7 @@ def test_evidence_carries_execution_columns_graded_on_hidden_tests(code_run):
     assert [g.correct for g in regraded] == sample.correct.tolist()
 
 
+@pytest.mark.slow
 def test_replay_pays_crashing_programs_under_the_planted_bug(code_run):
     repo = code_run.harness
     branch, tree = repo.create_candidate(1, "crash pass", code_run.path / "worktrees")

@@ -26,7 +26,6 @@ from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import last_json, run_cli
 
-pytestmark = pytest.mark.slow
 TINY_LOOP = ["--train-steps", "2", "--backtest-steps", "2", "--seeds", "1", "--max-seeds", "1", "--dev-items", "50"]
 
 
@@ -45,6 +44,7 @@ def _worktrees(run: Path) -> list[str]:
     return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("worktree ")]
 
 
+@pytest.mark.slow
 def test_offline_run_two_generations(tiny_policy, tmp_path):
     run, skills = tmp_path / "run", tmp_path / "skills"
     proc = run_cli(*_args(run, tiny_policy, skills, 2, 2))
@@ -111,6 +111,7 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     assert sum(s.retrieved for s in SkillStore(skills).list()) > 0
 
 
+@pytest.mark.slow
 def test_sigkill_during_backtest_then_resume(tiny_policy, tmp_path):
     run, skills = tmp_path / "run", tmp_path / "skills"
     cmd = [sys.executable, "-m", "evotrainer.cli", *_args(run, tiny_policy, skills, 1, 2)]

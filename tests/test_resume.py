@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from safetensors.torch import load_file
 
 from evotrainer.trainer import jobs
@@ -24,6 +25,7 @@ def _spec(tiny_policy, root) -> TrainSpec:
                      evidence_dir=str(root / "evidence"), save_every=2, result_path=str(root / "result.json"))
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_exactly(tiny_policy, tmp_path):
     ref = _spec(tiny_policy, tmp_path / "ref")
     jobs.train(ref, tmp_path / "ref")

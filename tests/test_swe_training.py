@@ -17,6 +17,7 @@ from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import last_json, run_cli
 
+pytestmark = pytest.mark.slow  # every test needs the warmed SWE policy
 TINY_SWE = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64, "max_positions": 512}
 
 

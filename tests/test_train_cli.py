@@ -12,6 +12,7 @@ from evotrainer.workspaces import TEMPLATES
 
 from .conftest import last_json, run_cli
 
+pytestmark = pytest.mark.slow  # every test needs the warm policy, most the trained one
 STEPS = 4
 BATCH = load_spec(TEMPLATES / "math").trainer["per_device_train_batch_size"]  # completions per step
 GROUP = load_spec(TEMPLATES / "math").trainer["num_generations"]
