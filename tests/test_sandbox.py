@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 
 import pytest
@@ -19,6 +20,16 @@ def test_ok_progress_and_cwd(tmp_path):
                      on_progress=events.append)
     assert res.ok and events == [{"step": 1, "total": 2}]
     assert f"cwd {tmp_path}" in (tmp_path / "log").read_text()
+
+
+def test_a_child_whose_parent_died_before_it_was_armed_exits():
+    """The window between fork and PR_SET_PDEATHSIG: a parent killed there sends no signal, so the child checks
+    that it still has the parent that started it, and exits when it has been re-parented."""
+    code = "import os; from evotrainer.trainer.sandbox import _die_with_parent; _die_with_parent({}); print('alive')"
+    orphan = subprocess.run([sys.executable, "-c", code.format("os.getppid() + 1")], capture_output=True, text=True)
+    assert orphan.returncode == 1 and "alive" not in orphan.stdout
+    kept = subprocess.run([sys.executable, "-c", code.format("os.getppid()")], capture_output=True, text=True)
+    assert kept.returncode == 0 and kept.stdout.strip() == "alive"
 
 
 def test_timeout_kills_a_silent_hang(tmp_path):

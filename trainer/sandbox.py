@@ -221,15 +221,27 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGKILL when the thread that started it dies, so a killed orchestrator leaves no
-    training running behind it (a resumed run would otherwise race an orphan for the same directory)."""
+def _libc_prctl():
+    """libc's prctl, looked up here in the parent: a forked child of a threaded parent must not import."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+_PRCTL = _libc_prctl()
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: the child gets SIGKILL when the thread that started it dies, so a killed orchestrator leaves no
+    training running behind it (a resumed run would otherwise race an orphan for the same directory). A parent
+    killed between the fork and this call sends no signal: the child sees it has been re-parented and exits."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 PIDS_CGROUP = Path("/sys/fs/cgroup/pids")  # cgroup v1's pids controller, where the machine has one
@@ -259,12 +271,14 @@ def _remove_cgroup(path: Path | None) -> None:
 
 
 def _limit(limits: Limits, cgroup: Path | None = None) -> Callable[[], None]:
+    parent = os.getpid()
+
     def apply() -> None:
         os.setsid()  # own process group: a timeout kills the child and anything it started
         if cgroup is not None:
             with open(cgroup / "cgroup.procs", "w") as f:
                 f.write(str(os.getpid()))
-        _die_with_parent()
+        _die_with_parent(parent)
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         cpu = int(limits.cpu_s or 2 * limits.timeout_s)
