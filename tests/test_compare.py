@@ -21,6 +21,7 @@ from evotrainer.compare import (
     static_harness,
     summarize,
 )
+from evotrainer.compare.hpo import current, propose, space, template_recipe, trial_count
 from evotrainer.trainer.harness import load_spec
 
 from .conftest import last_json, run_cli
@@ -118,12 +119,46 @@ def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
     (["--domain", "swe"], "compare supports --domain math or code"),
     (["--arms", "evotrainer,oracle"], "unknown arm 'oracle'"),
     (["--budget", "huge"], "unknown --budget 'huge'"),
+    (["--arms", "reference,hpo"], "add evotrainer to --arms"),
 ])
 def test_bad_requests_are_one_clear_error_and_write_nothing(args, message, tmp_path):
     out = tmp_path / "cmp"
     res = run_cli("compare", "--out", str(out), "--json", *args)
     assert res.returncode == 2 and message in res.stderr and "Traceback" not in res.stderr
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("domain", ["math", "code"])
+def test_the_search_starts_from_the_template_and_proposes_the_same_trials_again(domain, tmp_path):
+    from evotrainer.compare.arms import recipe_harness
+    from evotrainer.compare.hpo import Trial
+
+    template = template_recipe(domain)
+    dist = space(template)
+    journal: list[Trial] = []
+    for n in range(5):
+        params = propose(dist, journal, n, 1, 2, template)
+        assert all(dist[k]._contains(dist[k].to_internal_repr(v)) for k, v in params.items())
+        journal.append(Trial(number=n, params=params, dev_accuracy=[0.3, 0.1, 0.5, 0.2, 0.4][n], checkpoint="-"))
+    assert journal[0].params == current(template)  # the practitioner's baseline is trial 0
+    assert len({json.dumps(t.params, sort_keys=True) for t in journal}) == 5
+    # a rerun (a resumed cell) proposes the same trial from the same journal; another seed searches elsewhere
+    assert propose(dist, journal[:3], 3, 1, 2, template) == journal[3].params
+    assert propose(dist, journal[:3], 3, 2, 2, template) != journal[3].params
+    # every proposal is a harness a person could have written: the template with the knobs set, and valid
+    spec = load_spec(recipe_harness(domain, journal[4].params, tmp_path / "t4", "trial 4"))
+    assert {k: spec.trainer[k] for k in journal[4].params} == journal[4].params
+    from evotrainer.workspaces import TEMPLATES
+
+    assert spec.rewards == load_spec(TEMPLATES / domain).rewards
+
+
+def test_the_search_spends_at_most_the_loop_arms_steps():
+    # trials x trial steps + the chosen trial continued to the main line's length
+    assert trial_count(150, 60, 10) == 10 and 10 * 10 + 50 == 150
+    assert trial_count(151, 60, 10) == 10 and trial_count(149, 60, 10) == 9
+    assert trial_count(20, 60, 10) == 1  # not even two trials: the template alone, continued
+    assert trial_count(8, 2, 2) == 4
 
 
 def _files(*roots: Path) -> dict[Path, int]:
@@ -134,19 +169,29 @@ def _files(*roots: Path) -> dict[Path, int]:
 @pytest.mark.slow
 def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_path):
     out = tmp_path / "cmp"
-    args = ["compare", "--domain", "math", "--seeds", "1", "--budget", "smoke", "--arms",
-            "reference,evotrainer,replay_only", "--checkpoint", str(tiny_policy), "--out", str(out), "--json"]
+    arms = "reference,evotrainer,replay_only,hpo"
+    args = ["compare", "--domain", "math", "--seeds", "1", "--budget", "smoke", "--arms", arms,
+            "--checkpoint", str(tiny_policy), "--out", str(out), "--json"]
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr[-2000:]
     summaries = {s["arm"]: s for s in json.loads(res.stdout.strip().splitlines()[-1])}
-    assert list(summaries) == ["evotrainer", "reference", "replay_only"]  # EvoTrainer first: the others match it
+    assert list(summaries) == ["evotrainer", "reference", "hpo", "replay_only"]  # EvoTrainer first: others match it
     report = json.loads((out / "compare.json").read_text())
     cells = {c["arm"]: c for c in report["cells"]}
-    evo, ref, replay = cells["evotrainer"], cells["reference"], cells["replay_only"]
+    evo, ref, replay, hpo = cells["evotrainer"], cells["reference"], cells["replay_only"], cells["hpo"]
     # the reference trains exactly as many steps as the EvoTrainer champion line, which includes a promoted arm's
     assert ref["main_steps"] == evo["main_steps"] == ref["total_steps"] >= 2
     assert evo["total_steps"] > evo["main_steps"]  # the short runs' arms are compute the champion line did not keep
     assert replay["total_steps"] == replay["main_steps"] == 2  # no short runs: only the champion's own steps
+    # the search: the template's recipe first, as many trials as the EvoTrainer arm's steps pay for, the best on dev
+    # chosen and trained to the same main line
+    search = hpo["search"]
+    trials = search["trials"]
+    assert trials[0]["params"] == current(template_recipe("math")) and len(trials) >= 2
+    assert len(trials) == trial_count(evo["total_steps"], evo["main_steps"], search["trial_steps"])
+    assert hpo["main_steps"] == evo["main_steps"] and hpo["total_steps"] <= evo["total_steps"]
+    best = max(trials, key=lambda t: (t["dev_accuracy"], -t["number"]))
+    assert search["chosen"] == best["number"]
     assert len(evo["lineage"]) == 1 and evo["lineage"][0]["decision"] in ("promote", "reject", "inconclusive", "revise")
     assert all(len(c["greedy_correct"]) == 60 for c in cells.values()) and evo["cpu_seconds"] > 0
     for p in evo["promotions"]:
@@ -163,12 +208,12 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     # were kept is completed from the evaluation cached beside its checkpoint
     old = out / "cells" / "reference-s0.json"
     old.write_text(json.dumps({k: v for k, v in ref.items() if k not in ("k", "sampled_correct")}))
-    trained = _files(out / "runs", out / "static")  # checkpoints, evidence, logs, evaluation caches of every arm
+    trained = _files(out / "runs", out / "static", out / "hpo")  # checkpoints, evidence, logs, evaluation caches
     again = run_cli(*args)
-    assert again.returncode == 0 and _files(out / "runs", out / "static") == trained
+    assert again.returncode == 0 and _files(out / "runs", out / "static", out / "hpo") == trained
     assert last_json(again.stdout) == last_json(res.stdout)
     assert json.loads(old.read_text())["sampled_correct"] == ref["sampled_correct"]
-    other = run_cli(*[a if a != "reference,evotrainer,replay_only" else "reference" for a in args])
+    other = run_cli(*[a if a != arms else "reference" for a in args])
     assert other.returncode == 2 and "holds a comparison with other settings" in other.stderr
 
 

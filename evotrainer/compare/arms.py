@@ -24,7 +24,8 @@ LOOPS: dict[str, dict[str, bool]] = {  # LoopConfig switches
     "no_memory": {"skill_memory": False},
     "replay_only": {"short_runs": False},
 }
-ARMS = ("evotrainer", *STATIC, *[a for a in LOOPS if a != "evotrainer"])
+SEARCHES = ("hpo",)  # hyperparameter search over the template's recipe at the EvoTrainer arm's compute (hpo.py)
+ARMS = ("evotrainer", *STATIC, *SEARCHES, *[a for a in LOOPS if a != "evotrainer"])
 DOMAINS = ("math", "code")
 
 
@@ -40,6 +41,8 @@ class CompareBudget(BaseModel):
     dev_items: int | None = Field(None, ge=1)
     test_items: int | None = Field(None, ge=1, description="sealed test items (None: the whole split)")
     k: int = Field(4, ge=0, description="samples per test item for avg@k")
+    hpo_trial_steps: int | None = Field(None, ge=1, description="GRPO steps of each trial of the hpo arm (None: "
+                                                                "the loop's champion steps per generation)")
 
     def loop_overrides(self) -> dict:
         """The `LoopConfig` settings this budget fixes (the rest: the loop's defaults for the domain)."""
@@ -72,8 +75,13 @@ def line_steps(checkpoint: Path, since: Path | None = None) -> int:
 
 
 def static_harness(domain: str, arm: str, dest: Path) -> Path:
-    """The domain's template with the arm's keys set (a list is a top-level `harness.yaml` list, a scalar a trainer
-    knob), comments kept; validated like any harness."""
+    """The domain's template with the static arm's keys set (`STATIC`)."""
+    return recipe_harness(domain, STATIC[arm], dest, f"the {arm} arm")
+
+
+def recipe_harness(domain: str, keys: dict[str, object], dest: Path, label: str) -> Path:
+    """The domain's template with `keys` set (a list is a top-level `harness.yaml` list, a scalar a trainer knob),
+    comments kept; validated like any harness. Made once: an existing `dest` is returned as it is."""
     from evotrainer.agents.offline.edits import EditError, set_knob, set_list
     from evotrainer.workspaces import TEMPLATES
 
@@ -83,19 +91,17 @@ def static_harness(domain: str, arm: str, dest: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(TEMPLATES / domain, tmp)
     text = (tmp / "harness.yaml").read_text()
-    for key, value in STATIC[arm].items():
+    for key, value in keys.items():
         try:  # a knob the template leaves at TRL's default gets its own line
             text = set_list(text, key, value) if isinstance(value, list) else set_knob(text, key, value)
         except EditError as e:
-            raise UserError(f"the {arm} arm cannot be built from the {domain} template: {e}") from e
-    changed = "".join(f", {k}={'[' + ', '.join(v) + ']' if isinstance(v, list) else v}"
-                      for k, v in STATIC[arm].items())
-    (tmp / "harness.yaml").write_text(f"# evotrainer compare: the {arm} arm ({domain} template{changed})\n" + text)
+            raise UserError(f"{label} cannot be built from the {domain} template: {e}") from e
+    changed = "".join(f", {k}={'[' + ', '.join(v) + ']' if isinstance(v, list) else v}" for k, v in keys.items())
+    (tmp / "harness.yaml").write_text(f"# evotrainer compare: {label} ({domain} template{changed})\n" + text)
     from evotrainer.trainer import jobs
 
-    problems = jobs.validate_harness(tmp, tmp.parent, label=f"the {arm} harness")
+    problems = jobs.validate_harness(tmp, tmp.parent, label=label)
     if problems:
-        raise UserError(f"the {arm} arm's harness is invalid: {problems[0]}")
+        raise UserError(f"{label}'s harness is invalid: {problems[0]}")
     tmp.rename(dest)
     return dest
-

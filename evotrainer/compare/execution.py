@@ -13,7 +13,16 @@ import numpy as np
 
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
-from evotrainer.compare.arms import ARMS, BUDGETS, DOMAINS, LOOPS, CompareBudget, line_steps, static_harness
+from evotrainer.compare.arms import (
+    ARMS,
+    BUDGETS,
+    DOMAINS,
+    LOOPS,
+    SEARCHES,
+    CompareBudget,
+    line_steps,
+    static_harness,
+)
 from evotrainer.compare.report import write_report
 from evotrainer.compare.results import Cell, Comparison, summarize
 
@@ -45,7 +54,9 @@ class Compare:
     def cell_path(self, arm: str, seed: int) -> Path:
         return self.out / "cells" / f"{arm}-s{seed}.json"
 
-    def cell(self, arm: str, seed: int, main_steps: int) -> Cell:
+    def cell(self, arm: str, seed: int, main_steps: int, total_steps: int | None = None) -> Cell:
+        """The (arm, seed) cell, computed once. A static arm trains `main_steps`; a search arm spends at most
+        `total_steps` (the EvoTrainer cell's) with its chosen recipe trained for `main_steps`."""
         path = self.cell_path(arm, seed)
         if path.is_file():
             cell = Cell.model_validate_json(path.read_text())
@@ -59,7 +70,12 @@ class Compare:
             return cell
         self.status(f"{arm} seed {seed}")
         started, cpu = time.time(), _cpu()
-        cell = self._loop(arm, seed) if arm in LOOPS else self._static(arm, seed, main_steps)
+        if arm in LOOPS:
+            cell = self._loop(arm, seed)
+        elif arm in SEARCHES:
+            cell = self._hpo(seed, main_steps, total_steps)
+        else:
+            cell = self._static(arm, seed, main_steps)
         cell = cell.model_copy(update={"cpu_seconds": round(_cpu() - cpu, 1),
                                        "wall_seconds": round(time.time() - started, 1)})
         atomic_write_text(path, cell.model_dump_json(indent=1))
@@ -91,6 +107,23 @@ class Compare:
                     total_steps=steps, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
                     sampled_correct=ev.sampled_correct)
+
+    def _hpo(self, seed: int, main_steps: int, total_steps: int | None) -> Cell:
+        from evotrainer.compare.hpo import run_search
+
+        if total_steps is None:
+            raise UserError("the hpo arm spends the EvoTrainer arm's compute: add evotrainer to --arms")
+        loop = self.loop_config()
+        ckpt, search = run_search(self.domain, self.start, self.out / "hpo" / f"s{seed}", seed=seed,
+                                  total_steps=total_steps, main_steps=main_steps,
+                                  trial_steps=self.budget.hpo_trial_steps or loop.train_steps,
+                                  horizon=max(self.horizon(), main_steps), dev_items=loop.backtest.dev_items)
+        ev = self._test(ckpt, seed, ckpt.parent.parent)
+        steps = len(search.trials) * search.trial_steps + max(main_steps - search.trial_steps, 0)
+        return Cell(arm="hpo", seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
+                    total_steps=steps, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
+                    test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
+                    sampled_correct=ev.sampled_correct, search=search)
 
     def _loop(self, arm: str, seed: int) -> Cell:
         from evotrainer.agents.offline.policy import OfflinePolicy
@@ -162,14 +195,14 @@ class Compare:
         started = time.time()
         cells: list[Cell] = []
         for seed in self.seeds:
-            main = None
+            main, total = None, None
             if "evotrainer" in self.arms:
                 evo = self.cell("evotrainer", seed, 0)
                 cells.append(evo)
-                main = evo.main_steps
+                main, total = evo.main_steps, evo.total_steps
             if main is None:  # no EvoTrainer arm: the champion line's length without promotions
                 main = self.budget.generations * self.loop_config().train_steps
-            cells += [self.cell(arm, seed, main) for arm in self.arms if arm != "evotrainer"]
+            cells += [self.cell(arm, seed, main, total) for arm in self.arms if arm != "evotrainer"]
         start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
         comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,
                                 seeds=self.seeds, arms=self.arms, start_checkpoint=str(self.start),
@@ -210,6 +243,8 @@ def compare(out: Path, domain: str, seeds: int, arms: list[str] | None, budget_n
     if unknown:
         raise UserError(f"unknown arm {unknown[0]!r}: choose from {', '.join(ARMS)}")
     arms = [a for a in ARMS if a in arms]  # EvoTrainer first: the static arms match its main-line steps
+    if any(a in SEARCHES for a in arms) and "evotrainer" not in arms:
+        raise UserError("the hpo arm spends the EvoTrainer arm's compute of the same seed: add evotrainer to --arms")
     if checkpoint is not None and not (checkpoint / "config.json").is_file():
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
     out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from evotrainer.compare.arms import CompareBudget
+from evotrainer.compare.hpo import Search
 
 
 class Cell(BaseModel):
@@ -25,6 +26,7 @@ class Cell(BaseModel):
     sampled_correct: list[int] = []  # per item: how many of the k samples were correct
     promotions: list[dict] = []  # loop arms: branch, generation, test delta against the champion it replaced
     lineage: list[dict] = []  # loop arms: every candidate with its generation, decision, dev effect, gates
+    search: Search | None = None  # the hpo arm: its trials and the recipe it chose
 
 
 class ArmSummary(BaseModel):
