@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from evotrainer.memory.prior import Prior
 from evotrainer.memory.store import Hit
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.diagnostics.report import HealthReport
@@ -163,6 +164,10 @@ class PlanInput(BaseModel):
     tried: list[str] = Field(default_factory=list, description="factors already tried on this champion commit")
     same_diagnosis: float = Field(0.75, description="retrieval score above which a skill's trigger counts as this "
                                                     "diagnosis (the store's merge threshold)")
+    priors: dict[str, Prior] = Field(default_factory=dict, description="what memory measured of each catalog "
+                                     "transform, in any run and domain (memory.prior); absent: nothing measured")
+    prior_sd: float = Field(0.02, description="the spread of the prior of a change memory knows nothing of "
+                                             "(PromotionRule.prior_sd)")
 
 
 class CodeInput(BaseModel):

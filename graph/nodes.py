@@ -19,6 +19,7 @@ from pathlib import Path
 
 from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
 from evotrainer.agents.critic import choose, judge
+from evotrainer.agents.offline.catalog import CATALOG
 from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample, VerdictRecord
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
@@ -26,7 +27,7 @@ from evotrainer.graph.events import EventLog
 from evotrainer.graph.lessons import lesson_of
 from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
-from evotrainer.memory.prior import prior_for
+from evotrainer.memory.prior import prior_for, priors_for
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import arm_tag, backtest_all
@@ -186,10 +187,13 @@ class Loop:
             if self.cfg.loop.skill_memory else []
         head = ws.harness.head("main")
         tried = sorted({r.factor for r in ws.harness.lineage() if r.parent == head and r.factor})
+        # what memory measured of each change, in any run and domain: the Planner's expected gains
+        priors = priors_for(self.store, list(CATALOG), self.rule.prior_sd) if self.cfg.loop.skill_memory else {}
         plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
                                         diagnosis=state.diagnosis, findings=state.findings, skills=hits,
                                         lineage=self.lineage(), files=harness_files(self.champion_dir()),
-                                        tried=tried, same_diagnosis=MERGE_SIMILARITY[self.store.embedding]))
+                                        tried=tried, same_diagnosis=MERGE_SIMILARITY[self.store.embedding],
+                                        priors=priors, prior_sd=self.rule.prior_sd))
         for sid in {s for iv in plan.interventions for s in iv.sources if s.startswith("sk-")}:
             self.store.record_use(sid)
         atomic_write_text(ws.path / "reports" / f"plan-g{g}.json", plan.model_dump_json(indent=2))

@@ -418,6 +418,31 @@ def test_a_store_full_of_inconclusive_lessons_still_lets_the_planner_propose(tmp
         assert got == (base if decision == "inconclusive" else [])
 
 
+def test_with_no_finding_the_planner_explores_by_expected_gain_under_memory():
+    """A healthy harness still gets recipe-level candidates. With memory silent they come in the catalog's
+    exploration order; a change memory measured near zero many times sinks below untested ones, one measured
+    positive rises to the top, and reward edits are never proposed without a finding."""
+    from evotrainer.memory.prior import expected_gain
+
+    assert expected_gain(Prior.vague(0.02)) == pytest.approx(0.02 * 0.39894, rel=1e-4)
+    assert expected_gain(Prior(mean=0.0, sd=0.003, n=6, source="")) < 0.2 * expected_gain(Prior.vague(0.02))
+    assert expected_gain(Prior(mean=0.01, sd=0.004, n=3, source="")) > expected_gain(Prior.vague(0.02))
+    policy = OfflinePolicy()
+    diag = Diagnosis(generation=1, summary="no analyzer reports a problem")
+    inp = PlanInput(generation=1, domain="math", k=20, diagnosis=diag, findings=[], files=TEMPLATE)
+    silent = [iv.transform for iv in policy.plan(inp).interventions]
+    explorers = sorted((t for t in CATALOG.values() if t.explore > 0 and apply(t.id, TEMPLATE, [])),
+                       key=lambda t: -t.explore)
+    assert silent == [t.id for t in explorers] and silent[:3] == ["loss_type", "scale_rewards", "drop_dead_groups"]
+    assert not {t for t in silent if CATALOG[t].kind == "reward"}
+    flat = Prior(mean=0.0, sd=0.003, n=6, source="six tests near zero")
+    good = Prior(mean=0.01, sd=0.004, n=3, source="three positive tests")
+    informed = policy.plan(inp.model_copy(update={"priors": {"loss_type": flat, silent[-1]: good}}))
+    got = [iv.transform for iv in informed.interventions]
+    assert got[0] == silent[-1] and got[-1] == "loss_type" and set(got) == set(silent)
+    assert "loss_type" in informed.rationale and "memory: 6 test(s)" in informed.rationale
+
+
 def test_a_leak_gate_puts_closing_the_leak_first():
     """On a multi-turn harness whose champion leans on a tool the sealed evaluation lacks, the offline planner's
     first intervention removes that tool from env.py."""

@@ -2,11 +2,16 @@
 
 The embedded default when no meta-LLM is configured, and labelled as rule-based everywhere it writes.
 - Diagnoser: the findings ranked by severity (gates first), each a bottleneck citing its rollouts.
-- Planner: every catalog transform whose precondition holds, scored by how strongly the fired findings call
-  for it; a positive skill for the transform (retrieved for a similar diagnosis) ranks it ahead of untried
-  ones, a negative skill (blocked by a gate, or measured harmful) recorded under the same diagnosis removes it, a
-  negative one under another diagnosis lowers it; an inconclusive one does neither. Factors already tried on the
-  current champion are skipped.
+- Planner: every catalog transform whose precondition holds and that either a fired finding calls for or that
+  explores (a recipe-level change worth testing on any harness: `Transform.explore` > 0), scored by how strongly
+  the findings call for it plus its expected gain under memory's prior (`memory.prior.expected_gain`, in units
+  of what a change memory knows nothing of is expected to gain): a change measured near zero many times sinks,
+  an untested one keeps its full exploration value, one measured positive rises. Ties (memory silent, no
+  finding) go by `explore`, the order the literature and the template's own tuning suggest. A positive skill for
+  the transform (retrieved for a similar diagnosis) ranks it ahead of the rest, a negative skill (blocked by a
+  gate, or measured harmful) recorded under the same diagnosis removes it, a negative one under another
+  diagnosis lowers it; an inconclusive one does neither. Factors already tried on the current champion are
+  skipped.
 - Coder: the transform's files, written whole.
 - Critic: the promotion rule alone (`agents/critic.py`).
 - Diagnostics revision: a divergence gate for the component whose reward rose without dev.
@@ -27,6 +32,7 @@ from evotrainer.agents.schemas import (
     PlanInput,
     Verdict,
 )
+from evotrainer.memory.prior import Prior, expected_gain
 from evotrainer.trainer.backtest import BacktestResult
 from evotrainer.trainer.diagnostics import Finding
 
@@ -62,6 +68,7 @@ class OfflinePolicy:
 
     def plan(self, inp: PlanInput) -> Plan:
         analyzers = {f.analyzer for f in inp.findings if f.severity != "info"}
+        unknown = expected_gain(Prior.vague(inp.prior_sd))
         scored, notes = [], []
         for t in CATALOG.values():
             if t.kind == "diagnostics" or t.factor in inp.tried:
@@ -74,7 +81,9 @@ class OfflinePolicy:
             for f in relevant:
                 w = t.relevance[f.analyzer] * SEVERITY_WEIGHT[f.severity] * (1.5 if f.gate else 1.0)
                 strongest[f.analyzer] = max(strongest.get(f.analyzer, 0.0), w)
-            score = t.prior + sum(strongest.values())
+            prior = inp.priors.get(t.id) or Prior.vague(inp.prior_sd)
+            gain = expected_gain(prior) / unknown
+            score = sum(strongest.values()) + gain
             proven, sources, excluded = False, [finding_id(f) for f in relevant], False
             for hit in inp.skills:
                 sk = hit.skill
@@ -85,22 +94,25 @@ class OfflinePolicy:
                     proven = True
                     score += hit.score
                 elif sk.outcome == "inconclusive":
-                    pass  # not resolved: neither a reason to repeat it nor one to avoid it
+                    pass  # not resolved: neither a reason to repeat it nor one to avoid it (the prior has its effect)
                 elif same:
                     excluded = True
                     notes.append(f"{t.id} skipped: skill {sk.id} recorded it as negative under this diagnosis")
                 else:
                     score -= 0.5 * max(hit.score, 0.0)
                 sources.append(sk.id)
-            if excluded or (score <= 0 and not proven):
+            if excluded or not (strongest or proven or t.explore > 0) or score <= 0:
                 continue
-            scored.append(((proven, score), t, change, sources))
+            scored.append(((proven, round(score, 6), t.explore), t, change, sources, prior))
         scored.sort(key=lambda x: x[0], reverse=True)
         interventions = [self._intervention(inp.generation, t, change, sources)
-                         for _, t, change, sources in scored[:inp.k]]
-        ranking = ", ".join(f"{t.id} {s:.2f}{' (proven)' if p else ''}" for (p, s), t, _, _ in scored)
+                         for _, t, change, sources, _ in scored[:inp.k]]
+        ranking = ", ".join(f"{t.id} {s:.2f}{' (proven)' if p else ''}"
+                            + (f" [memory: {prior.n} test(s), {prior.mean:+.3f} ± {prior.sd:.3f}]" if prior.n else "")
+                            for (p, s, _), t, _, _, prior in scored)
         return Plan(interventions=interventions, author=LABEL,
-                    rationale=f"ranked by findings and skills: {ranking or 'nothing applicable'}"
+                    rationale="ranked by findings, expected gain under memory's prior (1.00: a change memory knows "
+                              f"nothing of) and skills: {ranking or 'nothing applicable'}"
                               + ("; " + "; ".join(notes) if notes else ""))
 
     @staticmethod
