@@ -161,6 +161,26 @@ def test_the_search_spends_at_most_the_loop_arms_steps():
     assert trial_count(8, 2, 2) == 4
 
 
+def test_processes_running_one_comparison_share_its_cells(tmp_path):
+    """Two processes given the same command split the cells: one held by the other is skipped, not computed
+    twice, and a finished one is read, not recomputed."""
+    from filelock import FileLock
+
+    from evotrainer.compare import Compare
+
+    budget = BUDGETS["smoke"].model_copy(update={"k": 0})
+    cmp = Compare(tmp_path, "math", [0], ["reference"], budget, "smoke", tmp_path / "warm", "cmd")
+    path = cmp.cell_path("reference", 0)
+    path.parent.mkdir(parents=True)
+    with FileLock(path.with_suffix(".lock")):  # another process is computing it
+        assert cmp.locked_cell("reference", 0, 2, wait=False) is None
+        assert not path.exists() and not (tmp_path / "static").exists()
+    done = Cell(arm="reference", seed=0, checkpoint="/x", main_steps=2, total_steps=2, cpu_seconds=1, wall_seconds=1,
+                test_accuracy=0.5, test_avg_at_k=0.5, item_ids=["a"], greedy_correct=[True])
+    path.write_text(done.model_dump_json())
+    assert cmp.locked_cell("reference", 0, 2, wait=False) == done
+
+
 def _files(*roots: Path) -> dict[Path, int]:
     """Every file under `roots` with its modification time: a training or an evaluation adds or rewrites some."""
     return {p: p.stat().st_mtime_ns for root in roots for p in root.rglob("*") if p.is_file()}
@@ -220,7 +240,11 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
 def test_a_budget_fixes_only_the_loop_settings_it_names():
     from evotrainer.base.config import loop_config
 
-    assert BUDGETS["default"].loop_overrides() == {}
+    assert BUDGETS["default"].loop_overrides() == {"train_steps": 20, "backtest": {"steps": 20, "seeds": 1,
+                                                                                  "max_seeds": 1, "dev_items": 2000}}
+    default = loop_config("math", BUDGETS["default"].loop_overrides())
+    assert BUDGETS["default"].generations * default.train_steps >= 60  # a horizon where changes compound
+    assert default.backtest.steps == default.train_steps  # the control's seed-0 arm is the next segment
     smoke = BUDGETS["smoke"].loop_overrides()
     assert smoke == {"train_steps": 2, "backtest": {"steps": 2, "seeds": 1, "max_seeds": 1, "dev_items": 40}}
     # the main line a static arm matches when no EvoTrainer arm runs: the domain's loop defaults, then the budget's

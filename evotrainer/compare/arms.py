@@ -32,8 +32,8 @@ DOMAINS = ("math", "code")
 class CompareBudget(BaseModel):
     """What each loop arm may spend (the static arms follow the EvoTrainer champion line)."""
 
-    generations: int = Field(2, ge=1)
-    candidates: int = Field(2, ge=1)
+    generations: int = Field(3, ge=1)
+    candidates: int = Field(1, ge=1)
     train_steps: int | None = Field(None, ge=1, description="champion steps per generation (None: the loop default)")
     backtest_steps: int | None = Field(None, ge=1)
     short_seeds: int | None = Field(None, ge=1, description="seeds of a short run's first round")
@@ -53,7 +53,12 @@ class CompareBudget(BaseModel):
 
 
 BUDGETS = {
-    "default": CompareBudget(),
+    # a main line of 60 GRPO steps a seed (3 generations of 20; each promotion adds its 20-step arm, the reference
+    # trains as many) at about 2.3x the reference's steps: one candidate a generation on one seed, its 20-step arms
+    # as long as a generation's segment, so the control's arm is the next segment (shared, not paid twice), judged
+    # on the whole dev split (2,000 math items, 1,000 code) for power; the hpo arm gets the same total
+    "default": CompareBudget(generations=3, candidates=1, train_steps=20, backtest_steps=20, short_seeds=1,
+                             max_seeds=1, dev_items=2000),
     "smoke": CompareBudget(generations=1, candidates=1, train_steps=2, backtest_steps=2, short_seeds=1, max_seeds=1,
                     dev_items=40, test_items=60, k=2),
 }

@@ -191,18 +191,40 @@ class Compare:
         return {**record, "measured": True, "test_before": a.accuracy, "test_after": b.accuracy, "delta": d,
                 "ci": [lo, hi], "invalid": hi < 0}
 
+    def locked_cell(self, arm: str, seed: int, main_steps: int, total_steps: int | None = None, *,
+                    wait: bool) -> Cell | None:
+        """`cell` under the cell's file lock, so that several processes running the same command share the cells
+        (each takes the next free one); without `wait`, None when another process holds it."""
+        from filelock import FileLock, Timeout
+
+        path = self.cell_path(arm, seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(path.with_suffix(".lock"), timeout=-1 if wait else 0):
+                return self.cell(arm, seed, main_steps, total_steps)
+        except Timeout:
+            return None
+
+    def _seed(self, seed: int, wait: bool) -> list[Cell] | None:
+        """One seed's cells, EvoTrainer's first (the others match its steps); None when another process holds
+        its EvoTrainer cell. A cell another process holds is skipped on the first pass and waited for after."""
+        main, total, cells = None, None, []
+        if "evotrainer" in self.arms:
+            evo = self.locked_cell("evotrainer", seed, 0, wait=wait)
+            if evo is None:
+                return None
+            cells.append(evo)
+            main, total = evo.main_steps, evo.total_steps
+        if main is None:  # no EvoTrainer arm: the champion line's length without promotions
+            main = self.budget.generations * self.loop_config().train_steps
+        rest = [a for a in self.arms if a != "evotrainer"]
+        done = {a: self.locked_cell(a, seed, main, total, wait=False) for a in rest}
+        return cells + [done[a] or self.locked_cell(a, seed, main, total, wait=True) for a in rest]
+
     def run(self) -> Comparison:
         started = time.time()
-        cells: list[Cell] = []
-        for seed in self.seeds:
-            main, total = None, None
-            if "evotrainer" in self.arms:
-                evo = self.cell("evotrainer", seed, 0)
-                cells.append(evo)
-                main, total = evo.main_steps, evo.total_steps
-            if main is None:  # no EvoTrainer arm: the champion line's length without promotions
-                main = self.budget.generations * self.loop_config().train_steps
-            cells += [self.cell(arm, seed, main, total) for arm in self.arms if arm != "evotrainer"]
+        by_seed = {seed: self._seed(seed, wait=False) for seed in self.seeds}
+        cells = [c for seed in self.seeds for c in (by_seed[seed] or self._seed(seed, wait=True))]
         start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
         comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,
                                 seeds=self.seeds, arms=self.arms, start_checkpoint=str(self.start),
