@@ -117,6 +117,10 @@ class ProgramPool:
             return outcomes
         with self._lock:
             k = min(self.n, len(jobs))
+            for i, w in enumerate(self._workers):  # one that died between batches: its next programs are innocent
+                if w.proc.poll() is not None:
+                    w.close()
+                    self._workers[i] = _Worker()
             while len(self._workers) < k:
                 self._workers.append(_Worker())
             chunks = [list(range(i, len(jobs), k)) for i in range(k)]  # interleaved: similar work per worker

@@ -7,19 +7,22 @@ Arms
   clip_higher   GRPO's own sequence-level loss with the clip-higher upper bound
   dr_grpo       Dr. GRPO: no per-group std scaling, its length-unbiased loss
   zero_var      the reference plus zero-variance-group filtering (the template's `drop_dead_groups`)
+  hpo           a hyperparameter search over the template's recipe (Optuna TPE), at the EvoTrainer arm's GRPO steps of
+                the same seed, chosen on sealed dev (hpo.py)
   evotrainer    the co-evolution loop with the offline meta-policy
   no_revision, no_memory, replay_only   the loop with one part switched off (diagnostics revision, skill memory,
                 short-run backtests)
 
 Every (arm, seed) is a cell whose result is written to DIR/cells/ when it is done: an interrupted comparison rerun with
-the same command resumes at the first missing cell (a loop arm resumes its own run from its graph checkpoint). The
+the same command resumes at the first missing cell (a loop arm resumes its own run from its graph checkpoint), and
+several processes running the same command share the cells (a file lock per cell). The
 report (compare.json, results.md, accuracy_vs_compute.png, lineage.png) is rebuilt from the cells.
 
 Compute is counted as GRPO steps (backtest arms included) and CPU seconds of this process and its children.
 A promotion is invalid when the policy it hands on scores significantly lower on the sealed test than the champion
 it replaced (the paired 95% interval lies below zero).
 
-The package: `arms.py` (what each arm is, the budgets), `execution.py` (cells run and resumed, the request
+The package: `arms.py` (what each arm is, the budgets), `hpo.py` (the search arm), `execution.py` (cells run and resumed, the request
 checked), `results.py` (cells and the paired statistics over them), `report.py` (compare.json, results.md, plots).
 """
 
