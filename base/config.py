@@ -40,6 +40,10 @@ class BacktestConfig(BaseModel):
     dev_items: int | None = Field(500, ge=1, description="sealed dev items of every evaluation of the loop, the "
                                                          "champion's included (None: all)")
     bootstrap: int = Field(2000, ge=100, description="bootstrap resamples of the paired difference")
+    seed_sd: float = Field(0.006, ge=0.0, description="between-seed spread of a paired short-run effect, which the "
+                                                     "bootstrap of a one-seed backtest cannot see (its items only): "
+                                                     "added to its error in quadrature. 0.006: the paired recipe "
+                                                     "effects of docs/results, 3 seeds, item noise removed")
     parallel: int = Field(2, ge=1, description="training children side by side (one core each)")
 
     @model_validator(mode="after")

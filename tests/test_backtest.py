@@ -18,7 +18,7 @@ from evotrainer.base.errors import UserError
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import BacktestConfig, paired_bootstrap
 from evotrainer.trainer.backtest.replay import REPLAY_GATE, agreement
-from evotrainer.trainer.backtest.statistics import decide
+from evotrainer.trainer.backtest.statistics import decide, with_seed_spread
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.workspaces.repo import IDENTITY
 from evotrainer.workspaces.run import RunWorkspace
@@ -281,6 +281,27 @@ def test_paired_bootstrap_interval_and_power():
     split = np.stack([better[0], -better[1]])
     _, lo2, hi2, _ = paired_bootstrap(split, 500)
     assert lo2 < 0 < hi2
+
+
+def test_one_seed_carries_the_training_seed_spread_its_items_cannot_show():
+    """A one-seed backtest whose items agree perfectly still has a training seed's worth of uncertainty: its error
+    is at least `seed_sd`, its interval straddles a small effect, and the rule cannot promote on items alone."""
+    from evotrainer.agents.critic import posterior
+    from evotrainer.memory.prior import Prior
+
+    rng = np.random.default_rng(1)
+    one = ((rng.random((1, 2000)) < 0.12).astype(float) - (rng.random((1, 2000)) < 0.10))
+    delta, lo, hi, se = paired_bootstrap(one, 500)
+    lo1, hi1, se1 = with_seed_spread(delta, lo, hi, se, 1, 0.006)
+    assert se1 == pytest.approx(np.hypot(se, 0.006)) and lo1 < lo and hi1 > hi
+    assert hi1 - delta == pytest.approx(delta - lo1)
+    assert with_seed_spread(delta, lo, hi, se, 2, 0.006) == (lo, hi, se)  # two seeds: the bootstrap sees it
+    assert with_seed_spread(delta, lo, hi, se, 1, 0.0) == (lo, hi, se)
+    # the worst case: every item of the one seed moved alike (se 0): on items alone +0.005 would be a certain gain
+    assert posterior(0.005, 0.0, Prior.vague(0.02)).p_gain > 0.999
+    lo0, hi0, se0 = with_seed_spread(0.005, 0.005, 0.005, 0.0, 1, BacktestConfig().seed_sd)
+    assert se0 == BacktestConfig().seed_sd and lo0 < 0 < hi0
+    assert posterior(0.005, se0, Prior.vague(0.02)).p_gain < 0.9
 
 
 def test_sequential_rule():

@@ -22,8 +22,9 @@ Compute is counted as GRPO steps (backtest arms included) and CPU seconds of thi
 A promotion is invalid when the policy it hands on scores significantly lower on the sealed test than the champion
 it replaced (the paired 95% interval lies below zero).
 
-The package: `arms.py` (what each arm is, the budgets), `hpo.py` (the search arm), `execution.py` (cells run and resumed, the request
-checked), `results.py` (cells and the paired statistics over them), `report.py` (compare.json, results.md, plots).
+The package: `arms.py` (what each arm is, the budgets), `hpo.py` (the search arm), `execution.py` (cells run and
+resumed, the request checked), `results.py` (cells and the paired statistics over them), `report.py` (compare.json,
+results.md, plots).
 """
 
 from evotrainer.compare.arms import ARMS, BUDGETS, DOMAINS, LOOPS, STATIC, CompareBudget, line_steps, static_harness

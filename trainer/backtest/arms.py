@@ -21,7 +21,7 @@ from evotrainer.base.config import BacktestConfig
 from evotrainer.base.errors import UserError
 from evotrainer.trainer.backtest.replay import gate_keys, score_in_child
 from evotrainer.trainer.backtest.results import Arm, ShortRunResult
-from evotrainer.trainer.backtest.statistics import Z_POWER, decide, paired_bootstrap
+from evotrainer.trainer.backtest.statistics import Z_POWER, decide, paired_bootstrap, with_seed_spread
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.evidence import read_rollouts
 from evotrainer.trainer.reward_gates import CrossScore, cross_score, divergence_gate
@@ -176,13 +176,16 @@ def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thr
         seeds += new
         diffs = np.stack([results[("candidate", s)][1] - results[("control", s)][1] for s in seeds])
         delta, lo, hi, se = paired_bootstrap(diffs, cfg.bootstrap)
+        lo, hi, se = with_seed_spread(delta, lo, hi, se, len(seeds), cfg.seed_sd)
         cand_tags = [arm_tag(commit, s, cfg.steps) for s in seeds]  # exact: never a longer run's arms of the commit
         rep = health_report(bench.evidence, generation, branch, cand_dir, bench.path, tag=cand_tags,
                             thresholds=thresholds)
         cross, cand_rows = both_harnesses(bench.path, generation, branch, cand_dir, champ_dir, cand_tags,
                                           [arm_tag(champ_commit, s, cfg.steps) for s in seeds])
         findings = rep.findings + divergence_gate(cross, cand_rows, lo, thresholds)
-        note = f"{len(seeds)} seeds x {cfg.steps} steps: {delta:+.3f} [{lo:+.3f}, {hi:+.3f}], MDE {Z_POWER * se:.3f}"
+        note = (f"{len(seeds)} seeds x {cfg.steps} steps: {delta:+.3f} [{lo:+.3f}, {hi:+.3f}], MDE {Z_POWER * se:.3f}"
+                + (f" (one seed: a training-seed spread of {cfg.seed_sd:g} included)"
+                   if len(seeds) == 1 and cfg.seed_sd else ""))
         stopped = decide(delta, lo, hi, len(seeds), cfg.max_seeds, sorted({f.analyzer for f in findings if f.gate}))
         trace.append(f"{note} -> {stopped or 'extend by one seed'}")
         if stopped:

@@ -1,5 +1,6 @@
 """The paired statistics of a backtest: the two-level bootstrap of candidate minus control over seeds x dev items,
-the minimum detectable effect, and the sequential rule that decides when to stop adding seeds.
+the training-seed spread a one-seed backtest adds, the minimum detectable effect, and the sequential rule that
+decides when to stop adding seeds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ def paired_bootstrap(diffs: np.ndarray, n_boot: int = 2000, seed: int = 0) -> tu
         means[b] = diffs[pick_seeds[b][:, None], items].mean()
     lo, hi = np.quantile(means, [0.025, 0.975])
     return float(diffs.mean()), float(lo), float(hi), float(means.std(ddof=1))
+
+
+def with_seed_spread(delta: float, lo: float, hi: float, se: float, n_seeds: int, seed_sd: float
+                     ) -> tuple[float, float, float]:
+    """The interval and error of a backtest with its training-seed spread: one seed's bootstrap resamples its items
+    only, so the between-seed spread `seed_sd` (measured elsewhere) is added in quadrature and the interval is the
+    normal one around the estimate; from two seeds on, the two-level bootstrap sees the spread itself."""
+    if n_seeds > 1 or seed_sd <= 0:
+        return lo, hi, se
+    se = float(np.hypot(se, seed_sd))
+    return delta - 1.959964 * se, delta + 1.959964 * se, se
 
 
 def decide(delta: float, lo: float, hi: float, n_seeds: int, max_seeds: int, failed_gates: list[str]) -> str:
