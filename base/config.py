@@ -43,7 +43,7 @@ class BacktestConfig(BaseModel):
     seed_sd: float = Field(0.006, ge=0.0, description="between-seed spread of a paired short-run effect, which the "
                                                      "bootstrap of a one-seed backtest cannot see (its items only): "
                                                      "added to its error in quadrature. 0.006: the paired recipe "
-                                                     "effects of docs/results, 3 seeds, item noise removed")
+                                                     "effects of docs/results/wave1, 3 seeds, item noise removed")
     parallel: int = Field(2, ge=1, description="training children side by side (one core each)")
 
     @model_validator(mode="after")

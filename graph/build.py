@@ -86,7 +86,7 @@ class RunSummary(BaseModel):
             lines.append(f"| {h.generation} | {h.champion_commit[:8]} | {h.dev_trained} | {h.dev_accuracy} | "
                          f"{h.promoted or '-'} | {h.revised or '-'} |")
         if self.rejected:
-            lines += ["", "Rejected:", *[f"- {r}" for r in self.rejected]]
+            lines += ["", "Not promoted (rejected or inconclusive):", *[f"- {r}" for r in self.rejected]]
         return "\n".join(lines) + "\n"
 
 

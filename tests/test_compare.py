@@ -214,8 +214,9 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     assert search["chosen"] == best["number"]
     assert len(evo["lineage"]) == 1 and evo["lineage"][0]["decision"] in ("promote", "reject", "inconclusive", "revise")
     assert all(len(c["greedy_correct"]) == 60 for c in cells.values()) and evo["cpu_seconds"] > 0
-    for p in evo["promotions"]:
-        assert p["measured"] and p["invalid"] == (p["ci"][1] < 0)
+    for p in evo["promotions"]:  # against the control arm of the same start, seed and steps
+        assert p["measured"] and p["invalid"] == (p["ci"][1] < 0) and p["against"] == "control"
+        assert line_steps(Path(p["after"])) == line_steps(Path(p["before"]))
     assert summaries["evotrainer"]["vs_reference"] is not None
     md = (out / "results.md").read_text()
     assert "| evotrainer |" in md and "| reference |" in md and "evotrainer compare" in md

@@ -470,7 +470,7 @@ def tighten_truncation(files: Files, findings: list[Finding]) -> Change | None:
 
 # `explore`: a recipe-level change worth testing on any harness, proposed with no finding calling for it, larger
 # first while memory has measured neither (after that, what memory measured ranks them: policy.py). The order:
-# Dr. GRPO's length-unbiased loss and its advantage scaling first (`docs/results/`: the dr_grpo recipe measured
+# Dr. GRPO's length-unbiased loss and its advantage scaling first (`docs/results/wave1/`: the dr_grpo recipe measured
 # +0.012 [-0.001, +0.023] on code), DAPO's dynamic sampling (zero_var: +0.005 on code), sampling temperature and
 # group size; more updates per batch low (the clip_higher recipe, which needs them, measured -0.016 and -0.026);
 # the learning rate last (the templates' was tuned, DESIGN §12). Reward, filter and environment changes wait for

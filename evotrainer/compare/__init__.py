@@ -19,8 +19,9 @@ several processes running the same command share the cells (a file lock per cell
 report (compare.json, results.md, accuracy_vs_compute.png, lineage.png) is rebuilt from the cells.
 
 Compute is counted as GRPO steps (backtest arms included) and CPU seconds of this process and its children.
-A promotion is invalid when the policy it hands on scores significantly lower on the sealed test than the champion
-it replaced (the paired 95% interval lies below zero).
+A promotion is invalid when the policy it hands on scores significantly lower on the sealed test than what the main
+line would have been without it, the generation's control arm of the same start, seed and steps (the paired 95%
+interval lies below zero; a replay-only promotion: the next generation's training against the champion it replaced).
 
 The package: `arms.py` (what each arm is, the budgets), `hpo.py` (the search arm), `execution.py` (cells run and
 resumed, the request checked), `results.py` (cells and the paired statistics over them), `report.py` (compare.json,

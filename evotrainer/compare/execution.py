@@ -67,6 +67,9 @@ class Compare:
                                     "items: remove the cell to compute it again")
                 cell = cell.model_copy(update={"k": ev.k, "sampled_correct": ev.sampled_correct})
                 atomic_write_text(path, cell.model_dump_json(indent=1))
+            if any("against" not in p for p in cell.promotions):  # measured against the policy it replaced
+                cell = cell.model_copy(update={"promotions": self._remeasure(arm, seed)})
+                atomic_write_text(path, cell.model_dump_json(indent=1))
             return cell
         self.status(f"{arm} seed {seed}")
         started, cpu = time.time(), _cpu()
@@ -146,15 +149,20 @@ class Compare:
                             "same compare command to resume it")
         ckpt = ws.champion_checkpoint() or self.start
         ev = self._test(ckpt, seed, run_dir)
-        lineage, promotions = self._lineage(ws), []
-        for i, h in enumerate(summary.history):
-            if h.promoted:
-                nxt = summary.history[i + 1].trained if i + 1 < len(summary.history) else None
-                promotions.append(self._promotion(ws, h, seed, nxt))
+        lineage, promotions = self._lineage(ws), self._promotions(ws, summary, seed)
         return Cell(arm=arm, seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
                     total_steps=summary.steps_used, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
                     sampled_correct=ev.sampled_correct, promotions=promotions, lineage=lineage)
+
+    def _remeasure(self, arm: str, seed: int) -> list[dict]:
+        """A finished loop cell's promotions measured again (its run is done: nothing trains)."""
+        from evotrainer.agents.offline.policy import OfflinePolicy
+        from evotrainer.graph.build import drive
+        from evotrainer.workspaces.run import RunWorkspace
+
+        ws = RunWorkspace.open(self.out / "runs" / f"{arm}-s{seed}")
+        return self._promotions(ws, drive(ws, OfflinePolicy(), fresh=None), seed)
 
     @staticmethod
     def _lineage(ws) -> list[dict]:
@@ -171,18 +179,29 @@ class Compare:
         return out
 
     def _promotion(self, ws, h, seed: int, next_trained: str | None = None) -> dict:
-        """The promoted harness's effect on the sealed test: the policy it handed on against the champion it
-        replaced (the generation's trained checkpoint); a replay-only promotion hands on the same policy, so its
-        harness is judged by the next generation's training."""
+        """The promoted harness's effect on the sealed test against what the main line would have been without it:
+        the policy it handed on against the generation's control arm of the same seed, start and steps (the
+        champion harness). A replay-only promotion hands on the trained champion itself, so its harness is judged
+        by the next generation's training against that champion."""
         from evotrainer.trainer.backtest.statistics import paired_bootstrap
 
         g = h.generation
-        before = Path(h.trained or ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy")
+        trained = Path(h.trained or ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy")
         after = Path(h.checkpoint)
-        if after.resolve() == before.resolve():  # the next generation's segment, trained under the new harness
+        before, against = None, "control"
+        if after.resolve() == trained.resolve():  # the next generation's segment, trained under the new harness
+            before, against = trained, "champion"
             after = Path(next_trained or ws.path / "checkpoints" / f"g{g + 1}-train" / "checkpoints" / "policy")
-        record = {"generation": g, "branch": h.promoted, "before": str(before), "after": str(after)}
-        if not (after / "config.json").is_file():
+        elif (after / "meta.json").is_file():
+            meta = json.loads((after / "meta.json").read_text())
+            suffix = after.parent.parent.name.split("-", 1)[-1]  # s<seed>-k<steps> of the promoted arm
+            for ctrl in sorted((ws.path / "backtests" / f"g{g}" / "control").glob(f"*-{suffix}/checkpoints/policy")):
+                m = json.loads((ctrl / "meta.json").read_text()) if (ctrl / "meta.json").is_file() else {}
+                if m.get("parent") == meta.get("parent") and m.get("steps") == meta.get("steps"):
+                    before = ctrl
+        record = {"generation": g, "branch": h.promoted, "before": str(before), "after": str(after),
+                  "against": against}
+        if before is None or not (after / "config.json").is_file():
             return {**record, "measured": False, "invalid": False}
         a = self._test(before, seed, ws.path, k=0)
         b = self._test(after, seed, ws.path, k=0)
@@ -190,6 +209,14 @@ class Compare:
         d, lo, hi, _ = paired_bootstrap(diffs, 1000)
         return {**record, "measured": True, "test_before": a.accuracy, "test_after": b.accuracy, "delta": d,
                 "ci": [lo, hi], "invalid": hi < 0}
+
+    def _promotions(self, ws, summary, seed: int) -> list[dict]:
+        out = []
+        for i, h in enumerate(summary.history):
+            if h.promoted:
+                nxt = summary.history[i + 1].trained if i + 1 < len(summary.history) else None
+                out.append(self._promotion(ws, h, seed, nxt))
+        return out
 
     def locked_cell(self, arm: str, seed: int, main_steps: int, total_steps: int | None = None, *,
                     wait: bool) -> Cell | None:

@@ -62,8 +62,10 @@ def markdown(c: Comparison) -> str:
                                                   else "-" for seed in c.seeds) + " |")
     promos = [(cell.arm, cell.seed, p) for cell in c.cells for p in cell.promotions]
     if promos:
-        lines += ["", "Promotions and their effect on the sealed test (the policy handed on minus the champion it "
-                  "replaced; invalid when the interval lies below zero):", ""]
+        lines += ["", "Promotions and their effect on the sealed test (the policy handed on minus the generation's "
+                  "control arm, what the main line would have been without it: same start, seed and steps; a "
+                  "replay-only promotion: the next generation's training minus the champion it replaced; invalid "
+                  "when the interval lies below zero):", ""]
         for arm, seed, p in promos:
             effect = (f"{p['test_before']:.3f} -> {p['test_after']:.3f}, {p['delta']:+.3f} "
                       f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]{' **invalid**' if p['invalid'] else ''}"
