@@ -229,11 +229,16 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     # were kept is completed from the evaluation cached beside its checkpoint
     old = out / "cells" / "reference-s0.json"
     old.write_text(json.dumps({k: v for k, v in ref.items() if k not in ("k", "sampled_correct")}))
+    # and a loop cell whose promotions were measured before they named what they were measured against
+    older = out / "cells" / "evotrainer-s0.json"
+    older.write_text(json.dumps({**evo, "promotions": [{k: v for k, v in p.items() if k != "against"}
+                                                       for p in evo["promotions"]]}))
     trained = _files(out / "runs", out / "static", out / "hpo")  # checkpoints, evidence, logs, evaluation caches
     again = run_cli(*args)
     assert again.returncode == 0 and _files(out / "runs", out / "static", out / "hpo") == trained
     assert last_json(again.stdout) == last_json(res.stdout)
     assert json.loads(old.read_text())["sampled_correct"] == ref["sampled_correct"]
+    assert json.loads(older.read_text())["promotions"] == evo["promotions"]
     other = run_cli(*[a if a != arms else "reference" for a in args])
     assert other.returncode == 2 and "holds a comparison with other settings" in other.stderr
 
