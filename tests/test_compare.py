@@ -71,8 +71,9 @@ def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions
     better = [[True, True, True, False] * 25, [True, True, True, False] * 25]
     fell = {"measured": True, "invalid": True, "generation": 1, "branch": "cand/g1-x", "test_before": 0.8,
             "test_after": 0.7, "delta": -0.1, "ci": [-0.15, -0.05]}
-    lineage = [{"decision": "promote", "failed_gates": []}, {"decision": "reject", "failed_gates": ["leak_usage"]},
-               {"decision": "reject", "failed_gates": []}]
+    lineage = [{"decision": "promote", "failed_gates": [], "mde": 0.02},
+               {"decision": "reject", "failed_gates": ["leak_usage"], "mde": None},  # gated at replay: no short run
+               {"decision": "reject", "failed_gates": [], "mde": 0.01}]
     cells = [_cell("reference", s, ref[s]) for s in (0, 1)] + \
             [_cell("evotrainer", s, better[s], [fell] if s else [], lineage) for s in (0, 1)] + \
             [_cell("zero_var", s, ref[s]) for s in (0, 1)]
@@ -98,6 +99,18 @@ def test_summaries_pair_each_arm_with_the_reference_and_count_invalid_promotions
     half = (by["zero_var"].test_ci[1] - by["zero_var"].test_ci[0]) / 2
     assert f"| zero_var | 0.500 ±{half:.3f} [" in md and "| +0.000 [+0.000, +0.000] |" in md
     assert "| evotrainer | 0.750 | 0.750 |" in md  # the per-seed table
+    assert "Backtest decisions with a short run: 4; their minimum detectable effect (80% power, 5% level): median " \
+           "0.015, range 0.010-0.020." in md
+    # the search arm: its choice in words, and EvoTrainer against it on the same seeds and items
+    from evotrainer.compare.hpo import Search, Trial
+
+    trials = [Trial(number=0, params={"learning_rate": 1e-4, "beta": 0.0}, dev_accuracy=0.5, checkpoint="t0"),
+              Trial(number=1, params={"learning_rate": 2e-4, "beta": 0.0}, dev_accuracy=0.6, checkpoint="t1")]
+    hpo = [_cell("hpo", s, ref[s]).model_copy(update={"search": Search(trial_steps=2, trials=trials, chosen=1,
+                                                                         startup=2)}) for s in (0, 1)]
+    md = markdown(c.model_copy(update={"cells": cells + hpo, "arms": [*c.arms, "hpo"]}))
+    assert "- seed 1: 2 trials of 2 steps, dev 0.500-0.600; chose trial 1 (dev 0.600): learning_rate=0.0002" in md
+    assert "Against the hyperparameter search (`hpo`, 8 GRPO steps a seed against EvoTrainer's 8): +0.250 [" in md
     even = c.model_copy(update={"summaries": [by["zero_var"].model_copy(update={"arm": "evotrainer"}),
                                               by["reference"]]})
     assert "**EvoTrainer is not distinguishable from the reference" in markdown(even)

@@ -67,8 +67,9 @@ class Compare:
                                     "items: remove the cell to compute it again")
                 cell = cell.model_copy(update={"k": ev.k, "sampled_correct": ev.sampled_correct})
                 atomic_write_text(path, cell.model_dump_json(indent=1))
-            if any("against" not in p for p in cell.promotions):  # measured against the policy it replaced
-                cell = cell.model_copy(update={"promotions": self._remeasure(arm, seed)})
+            if any("against" not in p for p in cell.promotions) or any("mde" not in v for v in cell.lineage):
+                # written before promotions were measured against the control arm, or the lineage kept the MDE
+                cell = cell.model_copy(update=self._remeasure(arm, seed))
                 atomic_write_text(path, cell.model_dump_json(indent=1))
             return cell
         self.status(f"{arm} seed {seed}")
@@ -155,14 +156,15 @@ class Compare:
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
                     sampled_correct=ev.sampled_correct, promotions=promotions, lineage=lineage)
 
-    def _remeasure(self, arm: str, seed: int) -> list[dict]:
-        """A finished loop cell's promotions measured again (its run is done: nothing trains)."""
+    def _remeasure(self, arm: str, seed: int) -> dict:
+        """A finished loop cell's promotions and lineage read again from its run (done: nothing trains)."""
         from evotrainer.agents.offline.policy import OfflinePolicy
         from evotrainer.graph.build import drive
         from evotrainer.workspaces.run import RunWorkspace
 
         ws = RunWorkspace.open(self.out / "runs" / f"{arm}-s{seed}")
-        return self._promotions(ws, drive(ws, OfflinePolicy(), fresh=None), seed)
+        return {"promotions": self._promotions(ws, drive(ws, OfflinePolicy(), fresh=None), seed),
+                "lineage": self._lineage(ws)}
 
     @staticmethod
     def _lineage(ws) -> list[dict]:
@@ -174,8 +176,8 @@ class Compare:
             if v is None:
                 continue
             out.append({"generation": r.generation, "branch": r.branch, "transform": v.transform,
-                        "decision": v.decision, "effect": v.effect, "ci_low": v.ci_low,
-                        "failed_gates": v.failed_gates, "repairs": v.repairs})
+                        "decision": v.decision, "effect": v.effect, "ci_low": v.ci_low, "ci_high": v.ci_high,
+                        "mde": v.mde, "p_gain": v.p_gain, "failed_gates": v.failed_gates, "repairs": v.repairs})
         return out
 
     def _promotion(self, ws, h, seed: int, next_trained: str | None = None) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from evotrainer.base.files import atomic_write_text
 from evotrainer.compare.arms import LOOPS, STATIC
 from evotrainer.compare.results import Comparison
@@ -25,7 +27,22 @@ def headline(c: Comparison) -> str:
             f"It spent {evo.total_steps / max(ref.total_steps, 1):.1f}x the reference's GRPO steps "
             f"({evo.total_steps:.0f} against {ref.total_steps:.0f} a seed, short-run arms included) and "
             f"{evo.cpu_seconds / max(ref.cpu_seconds, 1):.1f}x its CPU seconds ({evo.cpu_seconds / 60:.0f} against "
-            f"{ref.cpu_seconds / 60:.0f} CPU minutes a seed).")
+            f"{ref.cpu_seconds / 60:.0f} CPU minutes a seed)." + against_search(c))
+
+
+def against_search(c: Comparison) -> str:
+    """EvoTrainer against the hyperparameter search of the same seeds, paired over seeds x items."""
+    from evotrainer.trainer.backtest.statistics import paired_bootstrap
+
+    by = {(x.arm, x.seed): x for x in c.cells}
+    pairs = [(by[("evotrainer", s)], by[("hpo", s)]) for s in c.seeds if ("evotrainer", s) in by and ("hpo", s) in by]
+    if not pairs or any(e.item_ids != h.item_ids for e, h in pairs):
+        return ""
+    d, lo, hi, _ = paired_bootstrap(np.array([np.array(e.greedy_correct, float) - np.array(h.greedy_correct, float)
+                                              for e, h in pairs]), 1000)
+    steps = np.mean([h.total_steps for _, h in pairs]), np.mean([e.total_steps for e, _ in pairs])
+    return (f" Against the hyperparameter search (`hpo`, {steps[0]:.0f} GRPO steps a seed against EvoTrainer's "
+            f"{steps[1]:.0f}): {d:+.3f} [{lo:+.3f}, {hi:+.3f}].")
 
 
 def markdown(c: Comparison) -> str:
@@ -60,6 +77,10 @@ def markdown(c: Comparison) -> str:
     for s in c.summaries:
         lines.append(f"| {s.arm} | " + " | ".join(f"{by[(s.arm, seed)].test_accuracy:.3f}" if (s.arm, seed) in by
                                                   else "-" for seed in c.seeds) + " |")
+    mdes = [v["mde"] for cell in c.cells for v in cell.lineage if v.get("mde") is not None]
+    if mdes:
+        lines += ["", f"Backtest decisions with a short run: {len(mdes)}; their minimum detectable effect (80% power, "
+                      f"5% level): median {float(np.median(mdes)):.3f}, range {min(mdes):.3f}-{max(mdes):.3f}."]
     promos = [(cell.arm, cell.seed, p) for cell in c.cells for p in cell.promotions]
     if promos:
         lines += ["", "Promotions and their effect on the sealed test (the policy handed on minus the generation's "
@@ -71,12 +92,25 @@ def markdown(c: Comparison) -> str:
                       f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]{' **invalid**' if p['invalid'] else ''}"
                       if p["measured"] else "not measured (no later policy)")
             lines.append(f"- {arm} s{seed} g{p['generation']} `{p['branch']}`: {effect}")
+    searches = [x for x in c.cells if x.search is not None]
+    if searches:
+        lines += ["", "The hyperparameter search (`hpo`): trials of the template's recipe knobs, each the first "
+                  "steps of the main line scored on sealed dev; the best continued to the main line's length:", ""]
+        for x in searches:
+            best = next(t for t in x.search.trials if t.number == x.search.chosen)
+            changed = {k: v for k, v in best.params.items() if v != x.search.trials[0].params.get(k)}
+            lines.append(f"- seed {x.seed}: {len(x.search.trials)} trials of {x.search.trial_steps} steps, dev "
+                         f"{min(t.dev_accuracy for t in x.search.trials):.3f}-"
+                         f"{max(t.dev_accuracy for t in x.search.trials):.3f}; chose trial {best.number} (dev "
+                         f"{best.dev_accuracy:.3f}): "
+                         + (", ".join(f"{k}={v}" for k, v in changed.items()) or "the template's own recipe"))
     lines += ["", "![accuracy against compute](accuracy_vs_compute.png)", "", "![lineage](lineage.png)", ""]
     return "\n".join(lines)
 
 
 COLORS = {"reference": "#444444", "clip_higher": "#8c564b", "dr_grpo": "#9467bd", "zero_var": "#e377c2",
-          "evotrainer": "#d62728", "no_revision": "#ff7f0e", "no_memory": "#2ca02c", "replay_only": "#1f77b4"}
+          "hpo": "#17becf", "evotrainer": "#d62728", "no_revision": "#ff7f0e", "no_memory": "#2ca02c",
+          "replay_only": "#1f77b4"}
 
 
 def plot(c: Comparison, out: Path) -> list[Path]:
