@@ -123,9 +123,8 @@ class Compare:
                                   trial_steps=self.budget.hpo_trial_steps or loop.train_steps,
                                   horizon=max(self.horizon(), main_steps), dev_items=loop.backtest.dev_items)
         ev = self._test(ckpt, seed, ckpt.parent.parent)
-        steps = len(search.trials) * search.trial_steps + max(main_steps - search.trial_steps, 0)
         return Cell(arm="hpo", seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),
-                    total_steps=steps, cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
+                    total_steps=search.steps(main_steps), cpu_seconds=0, wall_seconds=0, test_accuracy=ev.accuracy,
                     test_avg_at_k=ev.avg_at_k, item_ids=ev.item_ids, greedy_correct=ev.greedy_correct, k=ev.k,
                     sampled_correct=ev.sampled_correct, search=search)
 

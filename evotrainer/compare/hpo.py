@@ -43,6 +43,10 @@ class Search(BaseModel):
     chosen: int  # a trial number
     startup: int  # random trials before TPE models the rest
 
+    def steps(self, main_steps: int) -> int:
+        """Every GRPO step the search took: its trials, then the chosen one continued to `main_steps`."""
+        return len(self.trials) * self.trial_steps + max(main_steps - self.trial_steps, 0)
+
 
 def current(template: dict) -> dict:
     """The template's value of each knob of the search space (`template`: its trainer knobs with the backend's
