@@ -168,5 +168,7 @@ class RunConfig(BaseModel):
                                                                     "for a meta-LLM LiteLLM has no price for")
     skills: str | None = Field(None, description="skill memory path (default ~/.evotrainer/skills)")
     checkpoint: str | None = Field(None, description="starting policy (default: the domain's cached warm policy)")
+    harness: str | None = Field(None, description="starting harness directory (default: the domain's template); "
+                                                  "its digest is in the gen-0 tag")
     loop: LoopConfig = Field(default_factory=LoopConfig)
     fingerprint: str = Field(description="sealed scorer fingerprint at creation; every evaluation re-checks it")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -19,3 +20,9 @@ OFFLINE_ENV = {
 def apply_offline_switches() -> None:
     """Nothing is downloaded from a model or dataset hub at run time."""
     os.environ.update(OFFLINE_ENV)
+
+
+def work_dir() -> Path:
+    """Scratch space for the specs and logs of jobs that have no run directory (`$EVOTRAINER_WORK`, default
+    ~/.cache/evotrainer/work: not under /tmp, which an isolated child sees as its own empty tmpfs)."""
+    return Path(os.environ.get("EVOTRAINER_WORK", Path.home() / ".cache" / "evotrainer" / "work"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +15,9 @@ from rich.table import Table
 
 from evotrainer.agents import llm
 from evotrainer.base.errors import UserError
+from evotrainer.base.files import writable_dir
 from evotrainer.base.settings import apply_offline_switches
+from evotrainer.compare.arms import ARMS
 from evotrainer.trainer.sandbox import isolation_mode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -47,17 +48,6 @@ def progress_display(enabled: bool):
         yield feed
 
 
-def _ensure_writable(out: Path) -> Path:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-probe"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as e:
-        raise UserError(f"output directory {out} is not writable ({e.strerror}): choose another --out") from e
-    return out.resolve()
-
-
 @app.command()
 def train(
     domain: Annotated[str, typer.Option(help="task domain")] = "math",
@@ -77,7 +67,7 @@ def train(
 
     steps = steps or DEFAULT_STEPS.get(domain, 150)
     eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
-    req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(_ensure_writable(out)),
+    req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(writable_dir(out)),
                        harness=str(harness) if harness else None,
                        checkpoint=str(checkpoint or model) if (checkpoint or model) else None,
                        eval_k=eval_k, eval_limit=eval_limit)
@@ -139,21 +129,45 @@ def eval_cmd(
 
 def _work_dir() -> Path:
     """Scratch space for specs and logs of commands that have no run directory."""
-    return _ensure_writable(Path(os.environ.get("EVOTRAINER_WORK", Path.home() / ".cache" / "evotrainer" / "work")))
+    from evotrainer.base.settings import work_dir
+
+    return writable_dir(work_dir())
+
+
+HARNESS_HELP = ("starting harness: a directory laid out as workspaces/templates/<domain>/ (default: the domain's "
+                "template); its harness.yaml names the domain")
+DOMAIN_HELP = "task domain (default: math, or the domain --harness names)"
+
+
+def _starting_harness(domain: str | None, harness: Path | None):
+    """The starting harness, checked before anything is created: its files and recipe here, its code in an isolated
+    child (`evotrainer validate`)."""
+    from evotrainer.trainer import jobs
+    from evotrainer.workspaces.source import starting_harness
+
+    start = starting_harness(domain if domain or harness else "math", harness)
+    if not start.template:
+        problems = jobs.validate_harness(start.path, _work_dir(), label=f"harness {harness}")
+        if problems:
+            raise UserError(f"harness {harness} is invalid: {problems[0]} (see `evotrainer validate {harness}`)")
+    return start
 
 
 @app.command()
 def init(
     directory: Annotated[Path, typer.Argument(help="the new run directory")],
-    domain: Annotated[str, typer.Option(help="task domain")] = "math",
+    domain: Annotated[str | None, typer.Option(help=DOMAIN_HELP)] = None,
+    harness: Annotated[Path | None, typer.Option(help=HARNESS_HELP)] = None,
     seed: Annotated[int, typer.Option(help="seed of the run")] = 0,
     force: Annotated[bool, typer.Option(help="allow a non-empty directory")] = False,
 ) -> None:
-    """Create a run: run.yaml and a harness repository initialised from the domain's template (tag gen-0)."""
+    """Create a run: run.yaml and a harness repository initialised from the starting harness (tag gen-0)."""
     from evotrainer.workspaces.run import RunWorkspace
 
-    ws = RunWorkspace.create(directory, domain, seed=seed, force=force)
-    Console().print(f"created run {ws.path} (domain {domain}); harness repository {ws.path / 'harness'} at gen-0")
+    start = _starting_harness(domain, harness)
+    ws = RunWorkspace.create(directory, start.domain, seed=seed, force=force, harness=start)
+    Console().print(f"created run {ws.path} (domain {start.domain}, harness {start.label}); harness repository "
+                    f"{ws.path / 'harness'} at gen-0")
 
 
 @app.command()
@@ -403,7 +417,8 @@ def _llm_cost(text: str) -> list[float]:
 @app.command()
 def run(
     directory: Annotated[Path, typer.Argument(help="the new run directory")],
-    domain: Annotated[str, typer.Option(help="task domain")] = "math",
+    domain: Annotated[str | None, typer.Option(help=DOMAIN_HELP)] = None,
+    harness: Annotated[Path | None, typer.Option(help=HARNESS_HELP)] = None,
     generations: Annotated[int, typer.Option(min=1, help="generations of the loop")] = 3,
     candidates: Annotated[int, typer.Option(min=1, help="candidate interventions per generation")] = 3,
     meta_llm: Annotated[str, typer.Option(help="'offline' (rule-based meta-policy) or a LiteLLM model string, e.g. "
@@ -445,8 +460,9 @@ def run(
                         "choose a new directory")
     # an unreachable endpoint, a missing key, no way to isolate harness code: before anything exists
     isolation_mode()
+    start = _starting_harness(domain, harness)
     meta = _meta_policy(meta_llm, api_base, cost, llm_timeout, llm_retries)
-    ws = open_run(directory, domain=domain, budget=budget, meta_llm=meta_llm, api_base=api_base,
+    ws = open_run(directory, domain=start.domain, harness=start, budget=budget, meta_llm=meta_llm, api_base=api_base,
                   skills=str(skills.resolve()) if skills else None, checkpoint=str(checkpoint) if checkpoint else None,
                   seed=seed, loop_overrides=overrides, llm_cost=cost, llm_timeout_s=llm_timeout,
                   llm_retries=llm_retries)
@@ -466,14 +482,16 @@ def resume(
 
 @app.command()
 def compare(
-    domain: Annotated[str, typer.Option(help="math or code")] = "math",
+    domain: Annotated[str | None, typer.Option(help="math or code (default: math, or the domain --harness names)")]
+    = None,
+    harness: Annotated[Path | None, typer.Option(help="starting harness of every arm (default: the domain's "
+                                                      "template); `reference` is it never evolved")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="seeds 0..S-1 of every arm")] = 3,
     out: Annotated[Path, typer.Option(help="the comparison directory (rerun the same command to resume it)")]
     = Path("runs/compare"),
-    budget: Annotated[str, typer.Option(help="default (2 generations x 2 candidates per loop arm) or smoke")]
+    budget: Annotated[str, typer.Option(help="default (3 generations x 1 candidate per loop arm) or smoke")]
     = "default",
-    arms: Annotated[str | None, typer.Option(help="comma-separated subset of: evotrainer, reference, clip_higher, "
-                                                  "dr_grpo, zero_var, no_revision, no_memory, replay_only")] = None,
+    arms: Annotated[str | None, typer.Option(help=f"comma-separated subset of: {', '.join(ARMS)}")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="starting policy of every arm (default: the cached warm "
                                                          "policy of seed 0)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the arm summaries as JSON")] = False,
@@ -487,8 +505,9 @@ def compare(
     with progress_display(not as_json) as feed:
         status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
                                                                               highlight=False))
-        result = run_compare(_ensure_writable(out), domain, seeds, arms.split(",") if arms else None, budget,
-                             checkpoint, command, status=status, on_progress=feed("warm-up (SFT, cached)"))
+        result = run_compare(out, domain, seeds, arms.split(",") if arms else None, budget,
+                             checkpoint, command, status=status, on_progress=feed("warm-up (SFT, cached)"),
+                             harness=harness)
     if as_json:
         print(json.dumps([s.model_dump() for s in result.summaries]))
         return

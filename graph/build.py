@@ -32,6 +32,7 @@ from evotrainer.graph.state import SERIALIZED, GenerationRecord, LoopState
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.sandbox import isolation_mode
 from evotrainer.workspaces.run import RunWorkspace
+from evotrainer.workspaces.source import StartingHarness
 
 THREAD = {"configurable": {"thread_id": "evotrainer"}}
 NODES = ("train", "diagnose", "plan", "implement", "backtest", "critique", "promote", "revise_diagnostics",
@@ -146,11 +147,12 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None =
 def open_run(directory: Path, *, domain: str, budget: dict, meta_llm: str, api_base: str | None,
              skills: str | None, checkpoint: str | None, seed: int, loop_overrides: dict | None = None,
              llm_cost: list[float] | None = None, llm_timeout_s: float | None = None,
-             llm_retries: int | None = None) -> RunWorkspace:
-    """A new run at `directory` with these settings (RunWorkspace.create refuses a directory that holds one)."""
+             llm_retries: int | None = None, harness: StartingHarness | None = None) -> RunWorkspace:
+    """A new run at `directory` with these settings (RunWorkspace.create refuses a directory that holds one),
+    its harness repository started from `harness` (default: the domain's template)."""
     if checkpoint and not (Path(checkpoint) / "config.json").is_file():
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
-    return RunWorkspace.create(directory, domain, seed=seed,
+    return RunWorkspace.create(directory, domain, seed=seed, harness=harness,
                                budget=budget,
                                meta_llm=meta_llm, api_base=api_base, skills=skills, llm_cost_per_mtok=llm_cost,
                                llm_timeout_s=llm_timeout_s, llm_retries=llm_retries,

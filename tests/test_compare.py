@@ -23,6 +23,7 @@ from evotrainer.compare import (
 )
 from evotrainer.compare.hpo import current, propose, space, template_recipe, trial_count
 from evotrainer.trainer.harness import load_spec
+from evotrainer.workspaces.source import starting_harness
 
 from .conftest import last_json, run_cli
 
@@ -34,7 +35,7 @@ def test_static_arms_change_only_their_keys_and_stay_valid(domain, tmp_path):
     template = (TEMPLATES / domain / "harness.yaml").read_text()
     ref = yaml.safe_load(template)
     for arm, keys in STATIC.items():
-        path = static_harness(domain, arm, tmp_path / arm)
+        path = static_harness(starting_harness(domain), arm, tmp_path / arm)
         text = (path / "harness.yaml").read_text()
         assert text.startswith(f"# evotrainer compare: the {arm} arm")
         assert text.count("#") == template.count("#") + 1  # the template's comments are kept
@@ -146,7 +147,7 @@ def test_the_search_starts_from_the_template_and_proposes_the_same_trials_again(
     from evotrainer.compare.arms import recipe_harness
     from evotrainer.compare.hpo import Trial
 
-    template = template_recipe(domain)
+    template = template_recipe(starting_harness(domain))
     dist = space(template)
     journal: list[Trial] = []
     for n in range(5):
@@ -159,7 +160,7 @@ def test_the_search_starts_from_the_template_and_proposes_the_same_trials_again(
     assert propose(dist, journal[:3], 3, 1, 2, template) == journal[3].params
     assert propose(dist, journal[:3], 3, 2, 2, template) != journal[3].params
     # every proposal is a harness a person could have written: the template with the knobs set, and valid
-    spec = load_spec(recipe_harness(domain, journal[4].params, tmp_path / "t4", "trial 4"))
+    spec = load_spec(recipe_harness(starting_harness(domain), journal[4].params, tmp_path / "t4", "trial 4"))
     assert {k: spec.trainer[k] for k in journal[4].params} == journal[4].params
     from evotrainer.workspaces import TEMPLATES
 
@@ -182,7 +183,7 @@ def test_processes_running_one_comparison_share_its_cells(tmp_path):
     from evotrainer.compare import Compare
 
     budget = BUDGETS["smoke"].model_copy(update={"k": 0})
-    cmp = Compare(tmp_path, "math", [0], ["reference"], budget, "smoke", tmp_path / "warm", "cmd")
+    cmp = Compare(tmp_path, starting_harness("math"), [0], ["reference"], budget, "smoke", tmp_path / "warm", "cmd")
     path = cmp.cell_path("reference", 0)
     path.parent.mkdir(parents=True)
     with FileLock(path.with_suffix(".lock")):  # another process is computing it
@@ -220,7 +221,7 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     # chosen and trained to the same main line
     search = hpo["search"]
     trials = search["trials"]
-    assert trials[0]["params"] == current(template_recipe("math")) and len(trials) >= 2
+    assert trials[0]["params"] == current(template_recipe(starting_harness("math"))) and len(trials) >= 2
     assert len(trials) == trial_count(evo["total_steps"], evo["main_steps"], search["trial_steps"])
     assert hpo["main_steps"] == evo["main_steps"] and hpo["total_steps"] <= evo["total_steps"]
     best = max(trials, key=lambda t: (t["dev_accuracy"], -t["number"]))

@@ -1,6 +1,6 @@
 """The harness git repository: the only thing agents edit (DESIGN §3).
 
-Branch `main` is the champion line; tag `gen-0` marks the template it started from. Each
+Branch `main` is the champion line; tag `gen-0` marks the harness it started from (`source.py`). Each
 intervention is a branch `cand/g<N>-<slug>` with its own worktree, committed with trailers
 (Intervention-Id, Hypothesis, Factor, Parent-Commit, Generation). A promotion merges the branch
 into `main` and tags the merge `gen-<N>`; a rejection tags the branch tip `rejected/g<N>-<slug>`
@@ -42,7 +42,7 @@ from filelock import FileLock
 from pydantic import BaseModel
 
 from evotrainer.base.errors import UserError
-from evotrainer.workspaces import TEMPLATES
+from evotrainer.workspaces.source import StartingHarness, starting_harness
 
 IDENTITY = {"GIT_AUTHOR_NAME": "EvoTrainer", "GIT_AUTHOR_EMAIL": "evotrainer@localhost",
             "GIT_COMMITTER_NAME": "EvoTrainer", "GIT_COMMITTER_EMAIL": "evotrainer@localhost"}
@@ -196,24 +196,24 @@ class HarnessRepo:
 
     # -- creation ------------------------------------------------------------------------------
     @classmethod
-    def init_from_template(cls, path: str | Path, domain: str) -> HarnessRepo:
-        """A new repository holding the domain's starting harness, committed on `main` and tagged `gen-0`."""
-        template = TEMPLATES / domain
-        if not template.is_dir():
-            known = sorted(p.name for p in TEMPLATES.iterdir() if p.is_dir())
-            raise UserError(f"no harness template for domain {domain!r}: templates exist for {', '.join(known)}")
+    def init_from_template(cls, path: str | Path, domain: str, source: StartingHarness | None = None) -> HarnessRepo:
+        """A new repository holding the starting harness (`source`, default the domain's template), committed on
+        `main` and tagged `gen-0` with where it came from and its digest."""
+        start = source or starting_harness(domain)
         path = Path(path).resolve()  # git runs with this as its working directory: a relative path would nest
         with _user_errors(f"cannot create the harness repository {path}"):
-            skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-            shutil.copytree(template, path, ignore=skip, dirs_exist_ok=True)
-            files = sorted(str(p.relative_to(template)) for p in template.rglob("*") if p.is_file()
-                           and "__pycache__" not in p.parts and p.suffix != ".pyc")
+            path.mkdir(parents=True, exist_ok=True)
+            for rel in start.files:
+                (path / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(start.path / rel, path / rel)
             _run(["init", "-q", "-b", "main", f"--template={_empty_dir()}", str(path)], cwd=path)
             (path / ".gitignore").write_text("__pycache__/\n*.pyc\n")
             repo = cls(path)
-            repo._stage(repo.path, [".gitignore", *files], base=_EMPTY_TREE)
-            repo._git("commit", "-q", "--no-verify", "-m", f"Starting harness of the {domain} domain")
-            repo._git("tag", "-a", "gen-0", "-m", json.dumps({"generation": 0, "source": f"templates/{domain}"}))
+            repo._stage(repo.path, [".gitignore", *start.files], base=_EMPTY_TREE)
+            what = f"the {start.domain} domain" if start.template else f"{start.label} ({start.domain})"
+            repo._git("commit", "-q", "--no-verify", "-m", f"Starting harness of {what}")
+            repo._git("tag", "-a", "gen-0", "-m", json.dumps({"generation": 0, "source": start.label,
+                                                              "digest": start.digest}))
         return repo
 
     @contextmanager

@@ -30,6 +30,7 @@ from evotrainer.base.config import RunConfig
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.workspaces.repo import HarnessRepo
+from evotrainer.workspaces.source import StartingHarness
 
 LAYOUT = ("harness", "worktrees", "checkpoints", "evidence", "reports")
 
@@ -47,22 +48,29 @@ class RunWorkspace:
         return HarnessRepo(self.path / "harness")
 
     @classmethod
-    def create(cls, path: str | Path, domain: str, *, seed: int = 0, force: bool = False, **config) -> RunWorkspace:
-        """A new run directory with its harness repository initialised from the domain's template."""
+    def create(cls, path: str | Path, domain: str, *, seed: int = 0, force: bool = False,
+               harness: StartingHarness | None = None, **config) -> RunWorkspace:
+        """A new run directory with its harness repository initialised from `harness` (checked by the caller:
+        `workspaces.source`, `jobs.validate_harness`), by default the domain's template."""
         from evotrainer.trainer.domains import get_domain
         from evotrainer.trainer.evaluate import check_sealed
 
         path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise UserError(f"{path} is a file: a run is a directory; choose a new directory")
         if path.exists() and any(path.iterdir()) and not force:
             raise UserError(f"{path} is not empty: choose a new directory, or pass --force to add a run to it")
         if (path / "run.yaml").exists():
             raise UserError(f"{path} already holds a run (run.yaml exists): choose a new directory")
         fp = check_sealed(get_domain(domain))
-        cfg = RunConfig(name=path.resolve().name, domain=domain, seed=seed, fingerprint=fp, **config)
+        if harness is not None and harness.domain != domain:
+            raise UserError(f"harness {harness.path} is for domain {harness.domain!r}, not {domain!r}")
+        cfg = RunConfig(name=path.resolve().name, domain=domain, seed=seed, fingerprint=fp,
+                        harness=None if harness is None or harness.template else str(harness.path), **config)
         path.mkdir(parents=True, exist_ok=True)
         for d in LAYOUT[1:]:
             (path / d).mkdir(exist_ok=True)
-        HarnessRepo.init_from_template(path / "harness", domain)
+        HarnessRepo.init_from_template(path / "harness", domain, harness)
         # run.yaml last: its presence means the run is complete
         atomic_write_text(path / "run.yaml", yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         return cls(path)

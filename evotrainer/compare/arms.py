@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from evotrainer.base.errors import UserError
+from evotrainer.workspaces.source import StartingHarness
 
 STATIC: dict[str, dict[str, object]] = {  # harness.yaml keys changed from the template
     "reference": {},
@@ -79,30 +80,31 @@ def line_steps(checkpoint: Path, since: Path | None = None) -> int:
     return steps
 
 
-def static_harness(domain: str, arm: str, dest: Path) -> Path:
-    """The domain's template with the static arm's keys set (`STATIC`)."""
-    return recipe_harness(domain, STATIC[arm], dest, f"the {arm} arm")
+def static_harness(base: StartingHarness, arm: str, dest: Path) -> Path:
+    """The starting harness with the static arm's keys set (`STATIC`)."""
+    return recipe_harness(base, STATIC[arm], dest, f"the {arm} arm")
 
 
-def recipe_harness(domain: str, keys: dict[str, object], dest: Path, label: str) -> Path:
-    """The domain's template with `keys` set (a list is a top-level `harness.yaml` list, a scalar a trainer knob),
+def recipe_harness(base: StartingHarness, keys: dict[str, object], dest: Path, label: str) -> Path:
+    """The starting harness with `keys` set (a list is a top-level `harness.yaml` list, a scalar a trainer knob),
     comments kept; validated like any harness. Made once: an existing `dest` is returned as it is."""
     from evotrainer.agents.offline.edits import EditError, set_knob, set_list
-    from evotrainer.workspaces import TEMPLATES
 
     if dest.is_dir():
         return dest
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(TEMPLATES / domain, tmp)
+    for rel in base.files:  # its files only: a README stays outside (workspaces/source.py)
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(base.path / rel, tmp / rel)
     text = (tmp / "harness.yaml").read_text()
     for key, value in keys.items():
-        try:  # a knob the template leaves at TRL's default gets its own line
+        try:  # a knob the harness leaves at TRL's default gets its own line
             text = set_list(text, key, value) if isinstance(value, list) else set_knob(text, key, value)
         except EditError as e:
-            raise UserError(f"{label} cannot be built from the {domain} template: {e}") from e
+            raise UserError(f"{label} cannot be built from {base.label}: {e}") from e
     changed = "".join(f", {k}={'[' + ', '.join(v) + ']' if isinstance(v, list) else v}" for k, v in keys.items())
-    (tmp / "harness.yaml").write_text(f"# evotrainer compare: {label} ({domain} template{changed})\n" + text)
+    (tmp / "harness.yaml").write_text(f"# evotrainer compare: {label} ({base.label}{changed})\n" + text)
     from evotrainer.trainer import jobs
 
     problems = jobs.validate_harness(tmp, tmp.parent, label=label)

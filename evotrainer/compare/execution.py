@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from evotrainer.base.errors import UserError
-from evotrainer.base.files import atomic_write_text
+from evotrainer.base.files import atomic_write_text, writable_dir
 from evotrainer.compare.arms import (
     ARMS,
     BUDGETS,
@@ -25,6 +25,7 @@ from evotrainer.compare.arms import (
 )
 from evotrainer.compare.report import write_report
 from evotrainer.compare.results import Cell, Comparison, summarize
+from evotrainer.workspaces.source import StartingHarness
 
 
 def _cpu() -> float:
@@ -36,9 +37,9 @@ def _cpu() -> float:
 class Compare:
     """One comparison directory: cells computed in order, each once."""
 
-    def __init__(self, out: Path, domain: str, seeds: list[int], arms: list[str], budget: CompareBudget,
+    def __init__(self, out: Path, harness: StartingHarness, seeds: list[int], arms: list[str], budget: CompareBudget,
                  budget_name: str, checkpoint: Path, command: str, status: Callable[[str], None] | None = None):
-        self.out, self.domain, self.seeds, self.arms = out, domain, seeds, arms
+        self.out, self.harness, self.domain, self.seeds, self.arms = out, harness, harness.domain, seeds, arms
         self.budget, self.budget_name, self.start, self.command = budget, budget_name, checkpoint, command
         self.status = status or (lambda text: None)
 
@@ -95,7 +96,7 @@ class Compare:
         from evotrainer.trainer import jobs
         from evotrainer.trainer.grpo import TrainSpec
 
-        harness = static_harness(self.domain, arm, self.out / "harnesses" / arm)
+        harness = static_harness(self.harness, arm, self.out / "harnesses" / arm)
         work = self.out / "static" / f"{arm}-s{seed}"
         ckpt = work / "checkpoints" / "policy"
         if not (ckpt / "meta.json").is_file():
@@ -118,7 +119,7 @@ class Compare:
         if total_steps is None:
             raise UserError("the hpo arm spends the EvoTrainer arm's compute: add evotrainer to --arms")
         loop = self.loop_config()
-        ckpt, search = run_search(self.domain, self.start, self.out / "hpo" / f"s{seed}", seed=seed,
+        ckpt, search = run_search(self.harness, self.start, self.out / "hpo" / f"s{seed}", seed=seed,
                                   total_steps=total_steps, main_steps=main_steps,
                                   trial_steps=self.budget.hpo_trial_steps or loop.train_steps,
                                   horizon=max(self.horizon(), main_steps), dev_items=loop.backtest.dev_items)
@@ -142,7 +143,8 @@ class Compare:
             ws = open_run(run_dir, domain=self.domain, budget={"generations": b.generations,
                                                                "candidates": b.candidates},
                           meta_llm="offline", api_base=None, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
-                          checkpoint=str(self.start), seed=seed, loop_overrides={**b.loop_overrides(), **LOOPS[arm]})
+                          checkpoint=str(self.start), seed=seed, loop_overrides={**b.loop_overrides(), **LOOPS[arm]},
+                          harness=None if self.harness.template else self.harness)
         summary = drive(ws, OfflinePolicy(), fresh=None)  # a run interrupted earlier resumes
         if not summary.finished:
             raise UserError(f"the {arm} run of seed {seed} stopped before its end ({summary.stop_reason}): rerun the "
@@ -254,7 +256,9 @@ class Compare:
         by_seed = {seed: self._seed(seed, wait=False) for seed in self.seeds}
         cells = [c for seed in self.seeds for c in (by_seed[seed] or self._seed(seed, wait=True))]
         start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
-        comparison = Comparison(domain=self.domain, budget=self.budget, budget_name=self.budget_name,
+        comparison = Comparison(domain=self.domain, harness=None if self.harness.template else str(self.harness.path),
+                                harness_digest=self.harness.digest,
+                                budget=self.budget, budget_name=self.budget_name,
                                 seeds=self.seeds, arms=self.arms, start_checkpoint=str(self.start),
                                 start_accuracy=start.accuracy, start_avg_at_k=start.avg_at_k,
                                 command=self.command, wall_seconds=round(time.time() - started, 1),
@@ -266,26 +270,27 @@ class Compare:
 
 def check_request(out: Path, request: dict) -> None:
     """Record the request in `out`, refusing one that differs from the recorded one in anything but the number of
-    seeds: more seeds extend a comparison (the cells of the first seeds are kept), other settings would mix arms
-    measured differently."""
+    seeds and where the starting harness was read from (its digest names it): more seeds extend a comparison (the
+    cells of the first seeds are kept), other settings would mix arms measured differently."""
     req = out / "request.json"
+    loose = ("seeds", "harness_path")
     if req.is_file():
         before = json.loads(req.read_text())
-        if {k: v for k, v in before.items() if k != "seeds"} != {k: v for k, v in request.items() if k != "seeds"}:
+        if {k: v for k, v in before.items() if k not in loose} != {k: v for k, v in request.items() if k not in loose}:
             raise UserError(f"{out} holds a comparison with other settings ({req.read_text().strip()}): rerun it "
                             "with those (--seeds may grow), or choose a new directory")
     atomic_write_text(req, json.dumps(request))
 
 
-def compare(out: Path, domain: str, seeds: int, arms: list[str] | None, budget_name: str,
+def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, budget_name: str,
             checkpoint: Path | None, command: str, status: Callable[[str], None] | None = None,
-            on_progress=None) -> Comparison:
-    """Validate the request (one clear error, nothing written on bad input), then run or resume every cell."""
+            on_progress=None, harness: Path | None = None) -> Comparison:
+    """Validate the request (one clear error, nothing written on bad input), then run or resume every cell. Every
+    arm starts from `harness` (default: the domain's template); its domain is the comparison's."""
+    from evotrainer.base.settings import work_dir
     from evotrainer.trainer import jobs
+    from evotrainer.workspaces.source import starting_harness
 
-
-    if domain not in DOMAINS:
-        raise UserError(f"compare supports --domain {' or '.join(DOMAINS)}, not {domain!r}")
     if budget_name not in BUDGETS:
         raise UserError(f"unknown --budget {budget_name!r}: choose one of {', '.join(BUDGETS)}")
     arms = list(arms or ARMS)
@@ -297,10 +302,26 @@ def compare(out: Path, domain: str, seeds: int, arms: list[str] | None, budget_n
         raise UserError("the hpo arm spends the EvoTrainer arm's compute of the same seed: add evotrainer to --arms")
     if checkpoint is not None and not (checkpoint / "config.json").is_file():
         raise UserError(f"checkpoint {checkpoint} not found or not a model directory (no config.json)")
-    out.mkdir(parents=True, exist_ok=True)
+    if harness is None and domain is None:
+        domain = "math"
+    if domain is not None and domain not in DOMAINS:
+        raise UserError(f"compare supports --domain {' or '.join(DOMAINS)}, not {domain!r}")
+    start_harness = starting_harness(domain, harness)
+    if start_harness.domain not in DOMAINS:
+        raise UserError(f"compare supports harnesses of {' or '.join(DOMAINS)}, not {start_harness.domain!r}")
+    if not start_harness.template:  # its code, in an isolated child, before anything is written
+        scratch = work_dir()
+        scratch.mkdir(parents=True, exist_ok=True)
+        problems = jobs.validate_harness(start_harness.path, scratch, label=f"harness {harness}")
+        if problems:
+            raise UserError(f"harness {harness} is invalid: {problems[0]}")
+    domain = start_harness.domain
+    out = writable_dir(out)
     request = {"domain": domain, "seeds": seeds, "arms": arms, "budget": budget_name,
                "checkpoint": str(checkpoint.resolve()) if checkpoint else None}
+    if not start_harness.template:  # (a template comparison's request stays as it was recorded before --harness)
+        request |= {"harness": start_harness.digest, "harness_path": str(start_harness.path)}
     check_request(out, request)
     start = checkpoint.resolve() if checkpoint else jobs.warm_policy(domain, 0, out, on_progress=on_progress)
-    return Compare(out, domain, list(range(seeds)), arms, BUDGETS[budget_name], budget_name, start, command,
+    return Compare(out, start_harness, list(range(seeds)), arms, BUDGETS[budget_name], budget_name, start, command,
                    status).run()

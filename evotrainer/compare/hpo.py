@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.compare.arms import recipe_harness
+from evotrainer.workspaces.source import StartingHarness
 
 
 class Trial(BaseModel):
@@ -86,12 +87,11 @@ def space(template: dict) -> dict:
     }
 
 
-def template_recipe(domain: str) -> dict:
-    """The template's trainer knobs, the backend's defaults filled in."""
+def template_recipe(base: StartingHarness) -> dict:
+    """The starting harness's trainer knobs, the backend's defaults filled in."""
     from evotrainer.trainer.harness import TRAINER_DEFAULTS, load_spec
-    from evotrainer.workspaces import TEMPLATES
 
-    return {**TRAINER_DEFAULTS, **load_spec(TEMPLATES / domain).trainer}
+    return {**TRAINER_DEFAULTS, **load_spec(base.path).trainer}
 
 
 def trial_count(total_steps: int, main_steps: int, trial_steps: int) -> int:
@@ -134,23 +134,24 @@ def _as(dist, value):
     return value
 
 
-def run_search(domain: str, start: Path, work: Path, *, seed: int, total_steps: int, main_steps: int,
+def run_search(base: StartingHarness, start: Path, work: Path, *, seed: int, total_steps: int, main_steps: int,
                trial_steps: int, horizon: int, dev_items: int | None) -> tuple[Path, Search]:
-    """The search and the chosen recipe's main line (see the module docstring): its final checkpoint and record."""
+    """The search over `base`'s recipe and the chosen recipe's main line (see the module docstring): its final
+    checkpoint and record."""
     from evotrainer.trainer import jobs
     from evotrainer.trainer.grpo import TrainSpec
 
     trial_steps = min(trial_steps, main_steps)
     n = trial_count(total_steps, main_steps, trial_steps)
     startup = max(2, n // 3)
-    template = template_recipe(domain)
+    domain, template = base.domain, template_recipe(base)
     dist = space(template)
     path = work / "trials.json"
     journal = [Trial.model_validate(t) for t in json.loads(path.read_text())] if path.is_file() else []
     for number in range(len(journal), n):
         params = propose(dist, journal, number, seed, startup, template)
         tdir = work / f"t{number}"
-        harness = recipe_harness(domain, params, tdir / "harness", f"the hpo arm's trial {number}")
+        harness = recipe_harness(base, params, tdir / "harness", f"the hpo arm's trial {number}")
         ckpt = tdir / "checkpoints" / "policy"
         if not (ckpt / "meta.json").is_file():
             spec = TrainSpec(domain=domain, checkpoint=str(start), harness_dir=str(harness), steps=trial_steps,

@@ -50,8 +50,9 @@ def markdown(c: Comparison) -> str:
     lines = [f"# EvoTrainer against static recipes: {c.domain}", "",
              f"Command: `{c.command}`; the cells took {sum(x.wall_seconds for x in c.cells) / 60:.0f} min of wall "
              f"time on this machine in all. Seeds {c.seeds}; budget `{c.budget_name}` (generations: "
-             f"{c.budget.generations}, candidates: {c.budget.candidates} per loop arm); every arm starts from "
-             f"{Path(c.start_checkpoint).name}. Sealed test: "
+             f"{c.budget.generations}, candidates: {c.budget.candidates} per loop arm); every arm starts from the "
+             f"policy {Path(c.start_checkpoint).name} and the harness {c.harness or 'templates/' + c.domain}"
+             + (f" (digest {c.harness_digest})" if c.harness_digest else "") + ". Sealed test: "
              f"{len(c.cells[0].item_ids) if c.cells else 0} items, greedy and avg@{k}. Intervals: 95%, two-level "
              "bootstrap over seeds and items; ± is the interval's half-width.", ""]
     if headline(c):

@@ -47,6 +47,8 @@ class ArmSummary(BaseModel):
 
 class Comparison(BaseModel):
     domain: str
+    harness: str | None = None  # the starting harness of every arm: a directory (None: the domain's template)
+    harness_digest: str | None = None  # its content (workspaces/source.py)
     budget: CompareBudget
     budget_name: str
     seeds: list[int]
