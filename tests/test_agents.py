@@ -36,7 +36,8 @@ SICK = [F("dead_groups", "dead_group_ratio", 0.6, "critical", "60% of groups hav
         F("format_failures", "format_failure_ratio", 0.4, message="40% of completions give no readable answer"),
         F("solve_rate_by_difficulty", "solve_rate_d4", 0.0, message="difficulty 4 is too hard: solve rate 0%"),
         F("component_dominance", "reward_answer_format_variance_share", 0.9),
-        F("logprob_collapse", "mean_token_logprob", -0.01), F("optimizer_health", "max_kl", 1.0)]
+        F("logprob_collapse", "mean_token_logprob", -0.01), F("optimizer_health", "max_kl", 1.0),
+        F("unpaid_correct", "reward_correctness_unpaid_correct", 0.8, "critical")]
 CODE_SICK = [F("execution_errors", "execution_error_rise", 0.3, "critical"),
              F("hard_coded_outputs", "hard_coded_ratio", 0.2, "critical", gate=True)]
 CODE_ONLY = ("crash_penalty", "lookup_penalty")  # transforms of program-synthesis harnesses
@@ -75,7 +76,7 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
         again[t.id] = apply(t.id, {**template, **change.files}, findings)
     # applying twice is refused where the change is a state (a filter present, a component gone, a reward added)
     for tid in ("drop_dead_groups", "curriculum_drop_unsolved", "partial_credit", "soft_overlong", "remove_component",
-                "divergence_gate", *CODE_ONLY, *SWE_ONLY):
+                "divergence_gate", "answer_parser", *CODE_ONLY, *SWE_ONLY):
         assert again[tid] is None, tid
 
 
@@ -88,6 +89,32 @@ def test_preconditions_follow_the_findings():
     assert apply("curriculum_drop_unsolved", TEMPLATE, []) is None
     assert apply("remove_component", TEMPLATE, SICK[:1]) is None  # no component named by a finding
     assert apply("kl_coefficient", TEMPLATE, SICK[:2]) is None
+    # a learning rate measured ten times too small is raised toward a healthy update, not by the cautious 1.5x
+    small = [F("update_size", "median_update_ratio", 1.1e-4, "critical")]
+
+    def rate(files, f):
+        return load_spec_text(apply("learning_rate", files, f).files["harness.yaml"])["trainer"]["learning_rate"]
+
+    assert rate(TEMPLATE, []) == 1.5e-4 and rate(TEMPLATE, small) == 9.09e-4
+    high = {**TEMPLATE, "harness.yaml": set_knob(TEMPLATE["harness.yaml"], "learning_rate", 5e-4)}
+    assert apply("learning_rate", high, []) is None and rate(high, small) == 0.00455
+    unpaid = [F("unpaid_correct", "reward_correctness_unpaid_correct", 0.8, "critical")]
+    assert apply("answer_parser", TEMPLATE, []) is None and apply("answer_parser", CODE_TEMPLATE, unpaid) is None
+    assert apply("answer_parser", TEMPLATE, [F("unpaid_correct", "reward_unpaid_correct", 0.8, "critical")]) is None
+
+
+def test_the_answer_parser_repair_reads_every_way_of_writing_the_answer_and_keeps_the_weight():
+    import yaml
+
+    unpaid = [F("unpaid_correct", "reward_correctness_unpaid_correct", 0.8, "critical")]
+    change = apply("answer_parser", TEMPLATE, unpaid)
+    rewards = yaml.safe_load(change.files["harness.yaml"])["rewards"]
+    assert rewards == [{"name": "last_integer_correctness", "weight": 1.0}, {"name": "answer_format", "weight": 0.1}]
+    scope: dict = {}
+    exec(change.files["rewards.py"], scope)  # the harness's own code: this test's, not the orchestrator's
+    fn = scope["last_integer_correctness"]
+    completions = ["65", " 65\n", "Tom has 12+53\n= 65 apples.\nAnswer: 65", "65 or 7", "-4", "sixty-five", ""]
+    assert fn(None, completions, ["65", "65", "65", "65", "-4", "65", "65"]) == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
 
 
 def test_edits_keep_comments_and_refuse_unknown_layouts():

@@ -39,7 +39,7 @@ def healthy(steps: int = 12, groups: int = 8, g: int = 8, seed: int = 0) -> pd.D
 
 def steps_of(df: pd.DataFrame) -> pd.DataFrame:
     s = df.groupby("step").agg(reward=("reward", "mean")).reset_index()
-    s["grad_norm"], s["kl"], s["clip_ratio"] = 0.1, 0.0, 0.0
+    s["grad_norm"], s["kl"], s["clip_ratio"], s["update_ratio"] = 0.1, 0.0, 0.0, 1e-3
     return s
 
 
@@ -64,6 +64,15 @@ def crafted(kind: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         df["n_tokens"] = np.where(df.correct, 30, 5)
     elif kind == "logprob_collapse":
         df["mean_logprob"] = -0.01
+    elif kind == "small_groups":  # groups of two on prompts solved about half the time: often dead by chance
+        df = df[df.sample_idx < 2].copy()
+        df["correct"] = df.sample_idx == (df.step % 2)  # each level solved half the time ...
+        dead = df.group_id.str.endswith((":0", ":1", ":2", ":3"))
+        df.loc[dead, "correct"] = df.loc[dead, "step"] % 2 == 0  # ... but half the groups all right or all wrong
+        df["reward_correctness"] = df.correct.astype(float)
+    elif kind == "identical_samples":  # a cold sampler: every sample of most groups the same completion
+        same = ~df.group_id.str.endswith(":7")
+        df.loc[same, "completion"] = "42"
     elif kind == "format_failures":
         df.loc[df.sample_idx < 4, "formatted"] = False
     elif kind == "repetition":
@@ -75,8 +84,13 @@ def crafted(kind: str) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         late = df.step > 6
         df.loc[late, "correct"] = df.loc[late, "sample_idx"] == 0
         df.loc[late, "reward_correctness"] = 1.0
+    elif kind == "unpaid_correct":  # a parser stricter than the task: the right answers of one level go unread
+        df.loc[df.correct & (df.difficulty == 2), ["reward_correctness", "reward_answer_format"]] = 0.0
     elif kind == "solve_rate_by_difficulty":
         df.loc[df.difficulty == 4, "correct"] = False
+    elif kind == "update_size":  # a learning rate ten times too low: steps move the weights 1e-4 of their norm
+        steps = steps_of(df)
+        steps["update_ratio"] = 1.1e-4
     elif kind == "optimizer_health":
         steps = steps_of(df)
         steps.loc[5, "grad_norm"] = 20.0
@@ -97,9 +111,23 @@ def test_each_analyzer_fires_on_its_failure(kind):
     assert kind in fired(df, steps)
     findings = [f for f in run_all(df, steps_of(df) if steps is None else steps) if f.analyzer == kind]
     assert all(f.message and f.severity in ("info", "warning", "critical") for f in findings)
-    if kind not in ("reward_spread", "optimizer_health", "component_dominance"):
+    if kind not in ("reward_spread", "optimizer_health", "component_dominance", "update_size"):
         assert all(set(f.evidence) <= set(df.rollout_id) for f in findings)
         assert any(f.evidence for f in findings)
+
+
+def test_unpaid_correct_names_the_component_and_the_level_and_needs_enough_right_answers():
+    df, _ = crafted("unpaid_correct")
+    [f] = [f for f in run_all(df, steps_of(df)) if f.analyzer == "unpaid_correct"]
+    assert f.metric == "reward_correctness_unpaid_correct" and "difficulty 2: 100%" in f.message
+    assert not f.gate and set(f.evidence) <= set(df.rollout_id[df.correct & (df.difficulty == 2)])
+    # every right answer unpaid, but only 19 of them: too few to judge a rate
+    few = df[~df.correct | (df.index.isin(df.index[df.correct][:19]))].copy()
+    few.loc[few.correct, ["reward_correctness", "reward_answer_format", "reward"]] = 0.0
+    assert "unpaid_correct" not in fired(few)
+    few = df[~df.correct | (df.index.isin(df.index[df.correct][:20]))].copy()
+    few.loc[few.correct, ["reward_correctness", "reward_answer_format", "reward"]] = 0.0
+    assert "unpaid_correct" in fired(few)
 
 
 def test_divergence_is_a_gate_and_thresholds_are_overridable():

@@ -280,10 +280,31 @@ def train(spec: TrainSpec) -> dict:
     resume = str(done[-1]) if done else None
     evidence.truncate_after(int(done[-1].name.split("-")[1]) if done else 0)
 
+    class UpdateSize(TrainerCallback):
+        """How far each optimizer step moves the weights relative to their size, ||dw|| / ||w|| (the step evidence's
+        `update_ratio`): the learning rate as the weights feel it. On a large model a strided subset of the tensors
+        (about 4M values) is copied, not the whole."""
+
+        ratio: float | None = None
+
+        def on_pre_optimizer_step(self, args_, state, control, model=None, **kw):
+            params = [p for p in model.parameters() if p.requires_grad]
+            stride = 1 + sum(p.numel() for p in params) // 4_000_000
+            self.before = [(p, p.detach().clone()) for p in params[::stride]]
+
+        def on_optimizer_step(self, args_, state, control, **kw):
+            moved = sum(float((p.detach() - b).float().pow(2).sum()) for p, b in self.before)
+            size = sum(float(b.float().pow(2).sum()) for _, b in self.before)
+            self.ratio, self.before = (moved / size) ** 0.5 if size > 0 else None, []
+
+    update = UpdateSize()
+
     class Capture(TrainerCallback):
         def on_log(self, args_, state, control, logs=None, **kw):
             if logs and "reward" in logs:
                 row = {"step": state.global_step, "generation": spec.generation, "branch": spec.branch}
+                if update.ratio is not None:
+                    row["update_ratio"] = update.ratio
                 row.update({ours: float(logs[theirs]) for theirs, ours in STEP_METRICS.items() if theirs in logs})
                 row.update({k.replace("rewards/", "reward_").replace("/mean", ""): float(v) for k, v in logs.items()
                             if k.startswith("rewards/") and k.endswith("/mean")})
@@ -317,8 +338,8 @@ def train(spec: TrainSpec) -> dict:
         multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, spec.env), args)
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(model=model, reward_funcs=reward_funcs, args=args, train_dataset=Dataset.from_list(rows),
-                          processing_class=tokenizer, callbacks=[Capture(), Segment()], evidence=evidence, spec=spec,
-                          group_filters=load_group_filters(spec.harness_dir, hspec),
+                          processing_class=tokenizer, callbacks=[update, Capture(), Segment()], evidence=evidence,
+                          spec=spec, group_filters=load_group_filters(spec.harness_dir, hspec),
                           **multi_turn)
     trainer.train(resume_from_checkpoint=resume)
     evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint

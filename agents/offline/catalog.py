@@ -22,6 +22,7 @@ from evotrainer.agents.offline.edits import (
     EditError,
     add_reward,
     remove_reward,
+    rename_reward,
     set_knob,
     set_list,
     set_reward_weight,
@@ -219,6 +220,40 @@ def soft_overlong(prompts, completions, completion_ids=None, **kwargs):
                   ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
 
 
+LAST_INTEGER = '''
+def last_integer_correctness(prompts, completions, answer, **kwargs):
+    """1.0 when the last integer the completion writes is the expected answer, else 0.0: reads a bare answer, an
+    "Answer: N" line and the end of a worked answer alike."""
+    import re
+
+    out = []
+    for completion, expected in zip(completions, answer):
+        found = re.findall(r"-?\\d+", completion)
+        out.append(1.0 if found and int(found[-1]) == int(expected) else 0.0)
+    return out
+'''
+
+
+def answer_parser(files: Files, findings: list[Finding]) -> Change | None:
+    """Right answers the reward does not pay (`unpaid_correct`): the component that withholds most is replaced by
+    the plainest reading of a numeric answer there is, the last integer written, at the same weight."""
+    unpaid = _fired(findings, "unpaid_correct")
+    spec = _spec(files)
+    if not unpaid or spec.get("domain") != "math":  # the math tasks' `answer` column is what it compares with
+        return None
+    rewards = {r["name"]: r.get("weight", 1.0) for r in spec.get("rewards", [])}
+    component = unpaid[0].metric.removesuffix("_unpaid_correct").removeprefix("reward_")
+    if "last_integer_correctness" in rewards or component not in rewards:
+        return None
+    return Change({"harness.yaml": rename_reward(files["harness.yaml"], component, "last_integer_correctness"),
+                   "rewards.py": _append_function(files["rewards.py"], "last_integer_correctness", LAST_INTEGER)},
+                  f"replace the reward component {component} by last_integer_correctness (weight "
+                  f"{rewards[component]:g})",
+                  f"If the reward reads the last integer a completion writes instead of {component}'s parser, the "
+                  f"{unpaid[0].value:.0%} of right answers it paid nothing get a positive advantage and dev accuracy "
+                  "improves.", ExpectedEffect(metric="dev_accuracy", direction="up", size=0.05))
+
+
 # -- rewards of program synthesis (code domain) -------------------------------------------------------
 RUNS_CLEANLY = '''
 def runs_cleanly(prompts, completions, visible, **kwargs):
@@ -350,7 +385,8 @@ def temperature(files: Files, findings: list[Finding]) -> Change | None:
     cur = float(_knob(files, "temperature", 1.0))
     if cur >= 1.4:
         return None
-    new = round(cur + 0.2, 2)
+    # below 1 the sampler is sharper than the policy it trains: back to the policy's own distribution first
+    new = 1.0 if cur < 1.0 else round(cur + 0.2, 2)
     return _knob_change(files, "temperature", new, f"raise the sampling temperature {cur:g} -> {new:g}",
                         "If sampling is hotter, groups are more diverse, fewer are dead, and dev accuracy improves.")
 
@@ -365,13 +401,20 @@ def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
                         "carry gradient and dev accuracy improves.")
 
 
+HEALTHY_UPDATE = 1e-3  # ||dw|| / ||w|| per step of the CPU policy at its tuned rate (the update_size analyzer)
+
+
 def learning_rate(files: Files, findings: list[Finding]) -> Change | None:
     if _fired(findings, "optimizer_health") or _fired(findings, "logprob_collapse"):
         return None  # unstable or collapsing already: a bigger step would make it worse
     cur = float(_knob(files, "learning_rate"))
-    if cur >= 3e-4:
+    small = _fired(findings, "update_size")
+    if cur >= 3e-4 and not small:
         return None
-    new = float(f"{cur * 1.5:.3g}")
+    # updates measured too small: scaled toward the update size of a healthy run (Adam's step is about proportional
+    # to the rate), at most tenfold; with no measurement a cautious 1.5x
+    factor = min(10.0, max(1.5, HEALTHY_UPDATE / small[0].value)) if small and small[0].value > 0 else 1.5
+    new = float(f"{cur * factor:.3g}")
     return _knob_change(files, "learning_rate", new, f"raise the learning rate {cur:g} -> {new:g}",
                         "If the step is larger, the policy moves further toward the solutions it already samples "
                         "(pass@k above greedy accuracy) and dev accuracy improves.")
@@ -484,6 +527,8 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
               {"format_failures": 1.0}, 0.0, format_weight),
     Transform("partial_credit", "reward.partial_credit", "reward", "guarded partial credit for near misses",
               {"reward_spread": 1.0, "dead_groups": 0.6}, 0.0, partial_credit),
+    Transform("answer_parser", "reward.parser", "reward", "read the answer as the last integer written",
+              {"unpaid_correct": 1.5}, 0.0, answer_parser),
     Transform("remove_component", "reward.components", "reward", "remove a dominating or diverging component",
               {"component_dominance": 1.0, "shaped_vs_sealed": 1.2}, 0.0, remove_component),
     Transform("soft_overlong", "reward.overlong", "reward", "soft overlong punishment",
@@ -501,13 +546,13 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
     Transform("loss_type", "recipe.loss_type", "recipe", "change the loss aggregation",
               {"length_reward_correlation": 1.0}, 0.5, loss_type),
     Transform("more_generations", "recipe.num_generations", "recipe", "more completions per prompt",
-              {"dead_groups": 0.8, "reward_spread": 0.3}, 0.25, more_generations),
+              {"dead_groups": 0.8, "reward_spread": 0.3, "small_groups": 1.2}, 0.25, more_generations),
     Transform("temperature", "recipe.temperature", "recipe", "raise the sampling temperature",
-              {"dead_groups": 0.5, "logprob_collapse": 1.0}, 0.3, temperature),
+              {"dead_groups": 0.5, "logprob_collapse": 1.0, "identical_samples": 1.5}, 0.3, temperature),
     Transform("longer_limit", "recipe.max_completion_length", "recipe", "raise the completion-length limit",
               {"truncation": 1.2}, 0.0, longer_limit),
     Transform("learning_rate", "recipe.learning_rate", "recipe", "raise the learning rate",
-              {}, 0.05, learning_rate),
+              {"update_size": 1.5}, 0.05, learning_rate),
     Transform("kl_coefficient", "recipe.beta", "recipe", "add or raise the KL penalty",
               {"optimizer_health": 1.0, "logprob_collapse": 0.5}, 0.0, kl_coefficient),
     Transform("mask_truncated", "recipe.mask_truncated_completions", "recipe", "toggle masking of truncated ones",

@@ -79,6 +79,16 @@ def add_reward(text: str, name: str, weight: float, comment: str = "") -> str:
     return text[:start] + body + "\n" + text[end:].lstrip("\n")
 
 
+def rename_reward(text: str, name: str, new: str) -> str:
+    """Put the reward function `new` in the place of `name`: same weight, same line, its comment kept."""
+    start, end = _block(text, "rewards")
+    body = text[start:end]
+    pat = re.compile(rf"^([ \t]*-[ \t]+name:[ \t]*){re.escape(name)}\b", flags=re.M)
+    if not pat.search(body):
+        raise EditError(f"harness.yaml has no reward {name!r}")
+    return text[:start] + pat.sub(lambda m: m.group(1) + new, body, count=1) + text[end:]
+
+
 def remove_reward(text: str, name: str) -> str:
     start, end = _block(text, "rewards")
     body = text[start:end]

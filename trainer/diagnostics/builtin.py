@@ -49,6 +49,34 @@ def dead_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
                     evidence=_ids(r[r["group_id"].isin(dead_ids)]))]
 
 
+@analyzer("small_groups", warning=0.15, critical=0.30, low=0.2, high=0.8)
+def small_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
+    """Groups too small for the pass rate: on a difficulty level solved between `low` and `high` of the time (p), a
+    group of G independent samples is all right or all wrong with probability p^G + (1-p)^G. The value is the share
+    of all groups expected dead that way, a property of the group size and the solve rates, not of how the samples
+    happened to fall (a cold sampler kills groups too: `identical_samples`)."""
+    gs = _group_stats(r)
+    gs["level"] = r.groupby("group_id", sort=False)["difficulty"].first()
+    size = int(r.groupby("group_id", sort=False).size().median())
+    p = gs["level"].map(r.groupby("difficulty")["correct"].mean())
+    mid = p.between(t["low"], t["high"])
+    expected = (p ** size + (1 - p) ** size).where(mid, 0.0)
+    frac = float(expected.mean())
+    sev, thr = _level(frac, t["warning"], t["critical"])
+    if not sev:
+        return []
+    pm = float(p[mid].mean())
+    by_chance = {g: pm ** g + (1 - pm) ** g for g in (size, 2 * size)}
+    dead = mid & (gs["std"] < 1e-6)
+    return [Finding(analyzer="small_groups", metric="expected_dead_solvable_ratio", value=frac, threshold=thr,
+                    severity=sev, message=f"groups of {size} are too small for the pass rate: on levels solved "
+                                          f"{t['low']:.0%}-{t['high']:.0%} of the time ({mid.mean():.0%} of groups, "
+                                          f"mean {pm:.0%}) a group of {size} is dead {by_chance[size]:.0%} of the time "
+                                          f"by chance ({float(dead[mid].mean()):.0%} were), a group of {2 * size} "
+                                          f"{by_chance[2 * size]:.0%}",
+                    evidence=_ids(r[r["group_id"].isin(set(gs.index[dead]))]))]
+
+
 @analyzer("reward_spread", warning=0.05)
 def reward_spread(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     """Mean within-group reward standard deviation: when it is tiny, advantages are noise amplified by the
@@ -117,6 +145,27 @@ def logprob_collapse(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]
     return [Finding(analyzer="logprob_collapse", metric="mean_token_logprob", value=lp, threshold=thr, severity=sev,
                     message=f"mean token log-probability {lp:.3f}: the policy has nearly stopped exploring",
                     evidence=_ids(r.nlargest(EVIDENCE_IDS, "mean_logprob")))]
+
+
+@analyzer("identical_samples", warning=0.45, critical=0.55)
+def identical_samples(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
+    """A sampler that explores nothing: how often two samples of the same prompt are the very same completion (the
+    within-group pair collision rate, which does not depend on the group size). A temperature well below 1 or a
+    policy collapsed onto one answer drives it up, and such groups are dead whether the answer is right or wrong.
+    A healthy math policy sampled at temperature 1 measured 0.29-0.37 over its first 67 GRPO steps."""
+    counts = r.groupby(["group_id", "completion"], sort=False).size()
+    sizes = counts.groupby(level=0).sum()
+    pairs = (counts * (counts - 1)).groupby(level=0).sum() / (sizes * (sizes - 1)).clip(lower=1)
+    frac = float(pairs[sizes > 1].mean()) if (sizes > 1).any() else 0.0
+    sev, thr = _level(frac, t["warning"], t["critical"])
+    if not sev:
+        return []
+    same = pairs.index[pairs >= 1.0]
+    return [Finding(analyzer="identical_samples", metric="within_group_collision_rate", value=frac, threshold=thr,
+                    severity=sev, message=f"two samples of the same prompt are the same completion {frac:.0%} of the "
+                                          f"time ({len(same) / max(len(pairs), 1):.0%} of groups sampled one "
+                                          "completion only): the sampler explores little",
+                    evidence=_ids(r[r["group_id"].isin(set(same))]))]
 
 
 @analyzer("format_failures", warning=0.30)
@@ -204,6 +253,40 @@ def shaped_vs_sealed(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]
     return out
 
 
+@analyzer("unpaid_correct", warning=0.10, critical=0.30, min_correct=20)
+def unpaid_correct(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
+    """Right answers the reward does not pay: rollouts the sealed scorer grades correct whose reward is no higher
+    than the mean reward of the wrong ones. The reward code cannot read them (a parser or a format gate stricter
+    than the task), so the very behaviour the task wants gets a zero or negative advantage. Needs `min_correct`
+    correct rollouts to judge; names the reward component that misses most."""
+    right = r[r["correct"].astype(bool)]
+    wrong = r[~r["correct"].astype(bool)]
+    if len(right) < t["min_correct"] or wrong.empty:
+        return []
+    unpaid = right["reward"] <= wrong["reward"].mean() + 1e-6
+    frac = float(unpaid.mean())
+    sev, thr = _level(frac, t["warning"], t["critical"])
+    if not sev:
+        return []
+    # the component that withholds most: its weight in the total (least squares, as component_dominance) times
+    # how much less it pays the unpaid right answers than the paid ones (or than its best, when none is paid)
+    comps, worst, gap = _components(r), "reward", 0.0
+    if comps:
+        weights, *_ = np.linalg.lstsq(r[comps].to_numpy(dtype=float), r["reward"].to_numpy(dtype=float), rcond=None)
+        for w, c in zip(weights, comps):
+            ref = right.loc[~unpaid, c].mean() if (~unpaid).any() else r[c].max()
+            d = float(w * (ref - right.loc[unpaid, c].mean()))
+            if d > gap:
+                worst, gap = c, d
+    levels = right.loc[unpaid, "difficulty"].value_counts(normalize=True)
+    where = ", ".join(f"difficulty {int(k)}: {v:.0%}" for k, v in levels.head(3).items())
+    return [Finding(analyzer="unpaid_correct", metric=f"{worst}_unpaid_correct", value=frac, threshold=thr,
+                    severity=sev, message=f"{frac:.0%} of the {len(right)} rollouts the sealed scorer grades correct "
+                                          f"earn no more reward than the wrong ones ({where}); {worst} withholds "
+                                          f"most ({gap:.2f} of reward each): the reward cannot read these right "
+                                          "answers", evidence=_ids(right[unpaid]))]
+
+
 @analyzer("solve_rate_by_difficulty", too_easy=0.95, too_hard=0.02)
 def solve_rate_by_difficulty(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     """Sealed solve rate per difficulty level: levels almost always solved waste compute, levels never solved
@@ -221,6 +304,25 @@ def solve_rate_by_difficulty(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[
                                    else "info", message=f"difficulty {level} is {kind}: solve rate {rate:.0%} on "
                                                         f"{share[level]:.0%} of rollouts", evidence=_ids(rows)))
     return out
+
+
+@analyzer("update_size", warning=3e-4, critical=1.5e-4)
+def update_size(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
+    """Updates too small to learn from: the median over steps of how far an optimizer step moves the weights
+    relative to their size (||dw|| / ||w||, the steps' `update_ratio`). Nothing else shows a learning rate that is
+    too low: groups, rewards and lengths look normal, the reward only creeps. Calibrated on the ~1M-parameter CPU
+    policy (lr 1e-4: 0.9-2e-3 over its first steps; lr 1e-5: 1-2e-4); a pretrained model fine-tuned with RL moves
+    far less per step by design, so set this analyzer's thresholds in its harness."""
+    if s is None or "update_ratio" not in s or s["update_ratio"].notna().sum() < 3:
+        return []
+    ratio = float(s["update_ratio"].median())
+    sev, thr = _level(ratio, t["warning"], t["critical"], above=False)
+    if not sev:
+        return []
+    return [Finding(analyzer="update_size", metric="median_update_ratio", value=ratio, threshold=thr, severity=sev,
+                    message=f"each optimizer step moves the weights by {ratio:.1e} of their norm (median of "
+                            f"{int(s['update_ratio'].notna().sum())} steps; a healthy run of this policy moves "
+                            f"~1e-3): the updates are too small to learn much")]
 
 
 @analyzer("optimizer_health", kl=0.5, clip_ratio=0.2, grad_spike=10.0)

@@ -1,0 +1,71 @@
+"""The repair benchmark's flawed starting harnesses (benchmarks/flawed/<domain>/<name>/): each is a valid harness,
+documented, and its defect shows in the evidence of a short real training run, where the offline Planner's first
+proposal is its repair."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from evotrainer.agents.offline.policy import OfflinePolicy
+from evotrainer.agents.schemas import DiagnoseInput, PlanInput
+from evotrainer.trainer import jobs
+from evotrainer.trainer.diagnostics.report import health_report
+from evotrainer.trainer.grpo import TrainSpec
+from evotrainer.workspaces.source import starting_harness
+
+FLAWED = Path(__file__).resolve().parent.parent / "benchmarks" / "flawed"
+# harness -> (the analyzer its defect shows in, the catalog transform that repairs it)
+DEFECTS = {
+    "math/answer_line_everywhere": ("unpaid_correct", "answer_parser"),
+    "math/cold_sampler": ("identical_samples", "temperature"),
+    "math/pairs": ("small_groups", "more_generations"),
+    "math/short_limit": ("truncation", "longer_limit"),
+    "math/low_lr": ("update_size", "learning_rate"),
+}
+
+
+def test_the_suite_is_what_the_table_says_and_every_harness_is_valid_and_documented(tmp_path):
+    found = sorted(str(p.parent.relative_to(FLAWED)) for p in FLAWED.glob("*/*/harness.yaml"))
+    assert found == sorted(DEFECTS)
+    for name in found:
+        path = FLAWED / name
+        assert jobs.validate_harness(path, tmp_path) == [], name
+        readme = (path / "README.md").read_text()
+        for part in ("**Defect**", "**How it gets written**", "**Evidence**", "**Repair**"):
+            assert part in readme, (name, part)
+        analyzer, transform = DEFECTS[name]
+        assert f"`{analyzer}`" in readme and f"`{transform}`" in readme, name
+        start = starting_harness(None, path)
+        assert start.domain == name.split("/")[0] and "README.md" not in start.files
+        # nothing in the files the agents read names the defect
+        text = "\n".join((path / f).read_text() for f in start.files).lower()
+        assert not re.search(r"\b(defect|flaw|bug|wrong|too (low|small|short|cold))\b", text), name
+
+
+def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
+    spec = TrainSpec(domain="math", checkpoint=str(policy), harness_dir=str(harness), steps=steps, seed=0,
+                     out_dir=str(work), checkpoint_id="policy", checkpoints_dir=str(work / "checkpoints"),
+                     evidence_dir=str(work / "evidence"), run="flawed", harness_commit="flawed",
+                     result_path=str(work / "specs" / "train.result.json"))
+    jobs.train(spec, work)
+    return work / "evidence"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(DEFECTS))
+def test_the_defect_shows_in_a_short_run_and_the_planner_proposes_its_repair_first(tiny_policy, tmp_path, name):
+    analyzer, transform = DEFECTS[name]
+    harness = FLAWED / name
+    evidence = _short_run(tiny_policy, harness, tmp_path, steps=4)
+    report = health_report(evidence, harness_dir=harness, work_dir=tmp_path)
+    fired = {f.analyzer for f in report.findings if f.severity != "info"}
+    assert analyzer in fired, (name, [f.message for f in report.findings])
+    policy = OfflinePolicy()
+    diagnosis = policy.diagnose(DiagnoseInput(generation=1, report=report))
+    files = {f: (harness / f).read_text() for f in starting_harness(None, harness).files}
+    plan = policy.plan(PlanInput(generation=1, domain="math", k=1, diagnosis=diagnosis, findings=report.findings,
+                                 files=files))
+    assert [iv.transform for iv in plan.interventions] == [transform], plan.rationale
