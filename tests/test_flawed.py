@@ -54,12 +54,23 @@ def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
     return work / "evidence"
 
 
+@pytest.fixture(scope="module")
+def warm_math(cache_dir, tmp_path_factory) -> Path:
+    """The default math policy: the one the package ships (trainer/policies/), copied into the session's cache with
+    no warm-up; the defects need a policy that solves some tasks, which the tiny test policy does not."""
+    from evotrainer.trainer.policy import SHIPPED
+
+    policy = jobs.warm_policy("math", 0, tmp_path_factory.mktemp("warm"))
+    assert policy.parent == cache_dir / "policies" and (SHIPPED / policy.name / "meta.json").is_file()
+    return policy
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DEFECTS))
-def test_the_defect_shows_in_a_short_run_and_the_planner_proposes_its_repair_first(tiny_policy, tmp_path, name):
+def test_the_defect_shows_in_a_short_run_and_the_planner_proposes_its_repair_first(warm_math, tmp_path, name):
     analyzer, transform = DEFECTS[name]
     harness = FLAWED / name
-    evidence = _short_run(tiny_policy, harness, tmp_path, steps=4)
+    evidence = _short_run(warm_math, harness, tmp_path, steps=3)
     report = health_report(evidence, harness_dir=harness, work_dir=tmp_path)
     fired = {f.analyzer for f in report.findings if f.severity != "info"}
     assert analyzer in fired, (name, [f.message for f in report.findings])
@@ -69,3 +80,26 @@ def test_the_defect_shows_in_a_short_run_and_the_planner_proposes_its_repair_fir
     plan = policy.plan(PlanInput(generation=1, domain="math", k=1, diagnosis=diagnosis, findings=report.findings,
                                  files=files))
     assert [iv.transform for iv in plan.interventions] == [transform], plan.rationale
+
+
+def test_a_shipped_policy_is_current_and_copied_into_the_cache_on_first_use(tmp_path, monkeypatch):
+    """Every policy the package ships is the warm-up's output for its domain's default configuration (a change of
+    configuration, task data or tokenizer that makes a new key makes it stale: this fails until it is shipped
+    again); a cache miss copies it, byte for byte, unless EVOTRAINER_NO_SHIPPED asks for a warm-up."""
+    import json
+
+    from evotrainer.trainer.policy import SHIPPED, cache_key, cached_policy, default_configs
+
+    shipped = sorted(p for p in SHIPPED.iterdir() if (p / "meta.json").is_file())
+    assert [p.name.split("-s")[0] for p in shipped] == ["math"]
+    for path in shipped:
+        meta = json.loads((path / "meta.json").read_text())
+        assert cache_key(meta["domain"], meta["seed"], *default_configs(meta["domain"])) == path.name
+    monkeypatch.setenv("EVOTRAINER_CACHE", str(tmp_path))
+    monkeypatch.setenv("EVOTRAINER_NO_SHIPPED", "1")
+    assert cached_policy("math", 0, *default_configs("math")) is None
+    monkeypatch.delenv("EVOTRAINER_NO_SHIPPED")
+    hit = cached_policy("math", 0, *default_configs("math"))
+    assert hit == tmp_path / "policies" / shipped[0].name
+    assert (hit / "model.safetensors").read_bytes() == (shipped[0] / "model.safetensors").read_bytes()
+    assert cached_policy("math", 1, *default_configs("math")) is None  # another seed: nothing shipped

@@ -180,9 +180,29 @@ def cache_key(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupCo
     return f"{domain}-s{seed}-{hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()}"
 
 
+SHIPPED = Path(__file__).parent / "policies"  # warm policies shipped with the package, named by their cache key
+
+
 def cached_policy(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupConfig) -> Path | None:
-    """The cached warm checkpoint for this key, or None when it has not been built."""
-    path = cache_root() / cache_key(domain, seed, model_cfg, warm_cfg)
+    """The cached warm checkpoint for this key, or None when it has not been built. A policy the package ships under
+    the same key (`trainer/policies/`: the warm-up's output for the default configuration, which a change of
+    configuration, task data or tokenizer makes a new key) is copied into the cache on first use, so that nobody
+    waits for a warm-up that was already done; `EVOTRAINER_NO_SHIPPED=1` builds it instead
+    (`benchmarks/shipped_policy.py` compares the two)."""
+    key = cache_key(domain, seed, model_cfg, warm_cfg)
+    path = cache_root() / key
+    if (path / "meta.json").is_file():
+        return path
+    shipped = SHIPPED / key
+    if not (shipped / "meta.json").is_file() or os.environ.get("EVOTRAINER_NO_SHIPPED"):
+        return None
+    tmp = path.with_name(f"{key}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(shipped, tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process put it there first
+        shutil.rmtree(tmp, ignore_errors=True)
     return path if (path / "meta.json").is_file() else None
 
 

@@ -1,0 +1,169 @@
+"""The repair benchmark: EvoTrainer started from harnesses as practitioners write them, defects included.
+
+    python benchmarks/repair.py [--domain math] [--seeds 3] [--out ~/evotrainer-repair] [--only NAME,...]
+                                [--budget default|smoke] [--clean]
+
+For each flawed harness of `benchmarks/flawed/<domain>/` (`--clean`: the domain's template too, where nothing is to
+be repaired and the loop must not lose), `evotrainer compare --harness H` with the arms `evotrainer`, `reference`
+(H never evolved) and `hpo` (a hyperparameter search over H's recipe at EvoTrainer's steps), every arm from the
+cached warm policy, seeds 0..S-1, the comparison's default budget. Each harness is one compare directory
+`OUT/<domain>-<name>/`, whose cells are written when done: rerun the same command to resume, or run it in two
+processes side by side to share the cells.
+
+Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: the defect (the analyzer whose evidence shows it,
+the catalog transform that repairs it: the `DEFECTS` table of tests/test_flawed.py, read from each harness's
+README); in how many seeds the final champion **repaired** it (a promotion of that transform, and the analyzer
+silent on the evidence of the champion's last training segment) and in which generation; whether the analyzer still
+fires at the end of the reference's training; sealed test of EvoTrainer and of the reference with the paired 95%
+interval (seeds x items); EvoTrainer against `hpo`; GRPO steps; invalid promotions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from evotrainer.base.settings import apply_offline_switches
+
+ROOT = Path(__file__).resolve().parent
+FLAWED = ROOT / "flawed"
+ARMS = ["evotrainer", "reference", "hpo"]
+
+
+def defect_of(harness: Path) -> tuple[str, str]:
+    """(analyzer, repair transform) from the README's Evidence and Repair lines: their first `code` spans."""
+    text = (harness / "README.md").read_text()
+    evidence = re.search(r"\*\*Evidence\*\*:[^`]*`([a-z_]+)`", text)
+    repair = re.search(r"\*\*Repair\*\*:.*?catalog: `([a-z_]+)`", text, flags=re.S)
+    if not (evidence and repair):
+        sys.exit(f"error: {harness / 'README.md'} needs an **Evidence** line naming the analyzer and a **Repair** "
+                 "line naming the catalog transform (`name`)")
+    return evidence.group(1), repair.group(1)
+
+
+def fires(evidence_dir: Path, generation: int, branch: str, harness: Path, analyzer: str, work: Path) -> bool | None:
+    """Whether `analyzer` reports a problem (warning or worse) on one evidence slice; None when there is none."""
+    from evotrainer.base.errors import UserError
+    from evotrainer.trainer.diagnostics.report import health_report
+
+    try:
+        report = health_report(evidence_dir, generation, branch, harness, work)
+    except UserError:
+        return None
+    return any(f.analyzer == analyzer and f.severity != "info" for f in report.findings)
+
+
+def last_segment(run: Path) -> tuple[int, str] | None:
+    """The evidence slice of the champion's last training: the last generation's promoted arm, else its control
+    arm (the next segment of the unchanged champion line), else its main-line training."""
+    from evotrainer.trainer.evidence import branch_dir
+    from evotrainer.workspaces.run import RunWorkspace
+
+    promoted = {r.generation: r.branch for r in RunWorkspace.open(run).harness.lineage() if r.status == "promoted"}
+    gens = sorted((int(p.name[1:]) for p in (run / "evidence").glob("g*") if p.name[1:].isdigit()), reverse=True)
+    for g in gens:
+        slices = {p.name for p in (run / "evidence" / f"g{g}").iterdir()}
+        for branch in ([promoted[g]] if g in promoted else []) + ["control", "main"]:
+            if branch_dir(branch) in slices:
+                return g, branch
+    return None
+
+
+def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str) -> dict:
+    from evotrainer.compare import compare
+    from evotrainer.compare.report import against_search
+    from evotrainer.compare.results import Comparison
+
+    analyzer, transform = defect_of(harness) if name != "clean" else ("-", "-")
+    cmp_dir = out / f"{domain}-{name}"
+    started = time.time()
+    comparison: Comparison = compare(cmp_dir, domain if name == "clean" else None, seeds, ARMS, budget, None,
+                                     f"python benchmarks/repair.py --domain {domain} --only {name}",
+                                     harness=None if name == "clean" else harness)
+    by = {(c.arm, c.seed): c for c in comparison.cells}
+    seeds_rows = []
+    for s in comparison.seeds:
+        evo, ref = by[("evotrainer", s)], by[("reference", s)]
+        promoted = [v for v in evo.lineage if v["decision"] == "promote" and v["transform"] == transform]
+        run = cmp_dir / "runs" / f"evotrainer-s{s}"
+        seg = last_segment(run)
+        silent_after = None if seg is None or analyzer == "-" else \
+            not fires(run / "evidence", seg[0], seg[1], run / "harness", analyzer, cmp_dir / "work")
+        ref_dir = cmp_dir / "static" / f"reference-s{s}"
+        ref_fires = None if analyzer == "-" else fires(ref_dir / "evidence", None, None, harness, analyzer,
+                                                        cmp_dir / "work")
+        seeds_rows.append({"seed": s, "repaired": bool(promoted) and bool(silent_after),
+                           "generation": promoted[0]["generation"] if promoted else None,
+                           "analyzer_silent_at_end": silent_after, "reference_analyzer_fires": ref_fires,
+                           "invalid": sum(p.get("invalid", False) for p in evo.promotions),
+                           "evotrainer": evo.test_accuracy, "reference": ref.test_accuracy,
+                           "steps": {a: by[(a, s)].total_steps for a in ARMS}})
+    summary = {x.arm: x for x in comparison.summaries}
+    return {"harness": name, "domain": domain, "analyzer": analyzer, "repair": transform,
+            "digest": comparison.harness_digest, "seeds": seeds_rows,
+            "evotrainer": summary["evotrainer"].test_accuracy, "reference": summary["reference"].test_accuracy,
+            "hpo": summary["hpo"].test_accuracy, "vs_reference": summary["evotrainer"].vs_reference,
+            "vs_hpo": against_search(comparison).strip(), "seconds": round(time.time() - started)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| harness | defect: evidence -> repair | repaired (seeds) | generation | reference still shows it | "
+             "sealed test EvoTrainer / reference / hpo | EvoTrainer - reference [95%] | steps a seed (evo/ref/hpo) | "
+             "invalid |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["seeds"]
+        repaired = f"{sum(x['repaired'] for x in s)}/{len(s)}" if r["analyzer"] != "-" else "-"
+        gens = ", ".join(str(x["generation"]) for x in s if x["generation"] is not None) or "-"
+        ref = f"{sum(bool(x['reference_analyzer_fires']) for x in s)}/{len(s)}" if r["analyzer"] != "-" else "-"
+        d, lo, hi = r["vs_reference"] or (float("nan"),) * 3
+        steps = "/".join(f"{np.mean([x['steps'][a] for x in s]):.0f}" for a in ARMS)
+        lines.append(f"| {r['harness']} | `{r['analyzer']}` -> `{r['repair']}` | {repaired} | {gens} | {ref} | "
+                     f"{r['evotrainer']:.3f} / {r['reference']:.3f} / {r['hpo']:.3f} | "
+                     f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] | "
+                     f"{steps} | {sum(x['invalid'] for x in s)} |")
+    pairs = [x for r in rows if r["analyzer"] != "-" for x in r["seeds"]]
+    flawed = [r for r in rows if r["analyzer"] != "-"]
+    wins = sum(1 for r in flawed if r["vs_reference"] and r["vs_reference"][1] > 0)
+    lines += ["", f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs; "
+                  f"EvoTrainer above the reference with the interval's lower bound > 0 on {wins} of {len(flawed)} "
+                  f"flawed harnesses; invalid promotions: {sum(x['invalid'] for x in pairs)}."]
+    lines += ["", "Against the hyperparameter search:", ""] + [f"- {r['harness']}:{r['vs_hpo'] or ' -'}" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--domain", default="math")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path.home() / "evotrainer-repair")
+    ap.add_argument("--only", default="", help="comma-separated harness names (default: all of the domain)")
+    ap.add_argument("--budget", default="default")
+    ap.add_argument("--clean", action="store_true", help="also the domain's template (nothing to repair)")
+    args = ap.parse_args()
+    apply_offline_switches()
+    names = sorted(p.parent.name for p in (FLAWED / args.domain).glob("*/harness.yaml"))
+    if args.only:
+        wanted = args.only.split(",")
+        unknown = sorted(set(wanted) - set(names) - {"clean"})
+        if unknown:
+            sys.exit(f"error: no flawed {args.domain} harness {unknown[0]!r}: choose from {', '.join(names)}")
+        names = [n for n in names if n in wanted]
+        args.clean = args.clean or "clean" in wanted
+    rows = []
+    for name in (["clean"] if args.clean else []) + names:
+        print(f"> {args.domain}/{name}", flush=True)
+        rows.append(harness_row(args.domain, name, FLAWED / args.domain / name, args.out, args.seeds, args.budget))
+        (args.out / "repair.json").write_text(json.dumps(rows, indent=1))
+        (args.out / "repair.md").write_text(f"# Repair benchmark: {args.domain}\n\nCommand: `python "
+                                            f"{' '.join(sys.argv)}`\n\n" + table(rows) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
