@@ -193,6 +193,15 @@ def test_processes_running_one_comparison_share_its_cells(tmp_path):
                 test_accuracy=0.5, test_avg_at_k=0.5, item_ids=["a"], greedy_correct=[True])
     path.write_text(done.model_dump_json())
     assert cmp.locked_cell("reference", 0, 2, wait=False) == done
+    # a seed whose other cell another process holds is left for later, not waited for, so that this process moves
+    # on to the next seed's free cells first
+    two = Compare(tmp_path, starting_harness("math"), [0], ["reference", "dr_grpo"], budget, "smoke",
+                  tmp_path / "warm", "cmd")
+    other = two.cell_path("dr_grpo", 0)
+    with FileLock(other.with_suffix(".lock")):
+        assert two._seed(0, wait=False) is None
+    other.write_text(done.model_copy(update={"arm": "dr_grpo"}).model_dump_json())
+    assert [c.arm for c in two._seed(0, wait=False)] == ["reference", "dr_grpo"]
 
 
 def _files(*roots: Path) -> dict[Path, int]:

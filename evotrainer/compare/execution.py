@@ -236,8 +236,9 @@ class Compare:
             return None
 
     def _seed(self, seed: int, wait: bool) -> list[Cell] | None:
-        """One seed's cells, EvoTrainer's first (the others match its steps); None when another process holds
-        its EvoTrainer cell. A cell another process holds is skipped on the first pass and waited for after."""
+        """One seed's cells, EvoTrainer's first (the others match its steps). Without `wait`, every cell no other
+        process holds is computed and None is returned when one is held, so that the caller moves on to another
+        seed's free cells before it waits for this one's."""
         main, total, cells = None, None, []
         if "evotrainer" in self.arms:
             evo = self.locked_cell("evotrainer", seed, 0, wait=wait)
@@ -247,9 +248,8 @@ class Compare:
             main, total = evo.main_steps, evo.total_steps
         if main is None:  # no EvoTrainer arm: the champion line's length without promotions
             main = self.budget.generations * self.loop_config().train_steps
-        rest = [a for a in self.arms if a != "evotrainer"]
-        done = {a: self.locked_cell(a, seed, main, total, wait=False) for a in rest}
-        return cells + [done[a] or self.locked_cell(a, seed, main, total, wait=True) for a in rest]
+        rest = [self.locked_cell(a, seed, main, total, wait=wait) for a in self.arms if a != "evotrainer"]
+        return None if None in rest else cells + rest
 
     def run(self) -> Comparison:
         started = time.time()
