@@ -140,17 +140,9 @@ DOMAIN_HELP = "task domain (default: math, or the domain --harness names)"
 
 
 def _starting_harness(domain: str | None, harness: Path | None):
-    """The starting harness, checked before anything is created: its files and recipe here, its code in an isolated
-    child (`evotrainer validate`)."""
-    from evotrainer.trainer import jobs
-    from evotrainer.workspaces.source import starting_harness
+    from evotrainer.workspaces.source import checked_harness
 
-    start = starting_harness(domain if domain or harness else "math", harness)
-    if not start.template:
-        problems = jobs.validate_harness(start.path, _work_dir(), label=f"harness {harness}")
-        if problems:
-            raise UserError(f"harness {harness} is invalid: {problems[0]} (see `evotrainer validate {harness}`)")
-    return start
+    return checked_harness(domain if domain or harness else "math", harness)
 
 
 @app.command()

@@ -96,3 +96,19 @@ def starting_harness(domain: str | None, harness: str | Path | None = None) -> S
     files = _files(root)
     return StartingHarness(path=root, domain=spec.domain, files=tuple(files), digest=digest(root, files),
                            template=harness is None or root == (TEMPLATES / spec.domain).resolve())
+
+
+def checked_harness(domain: str | None, harness: str | Path | None = None) -> StartingHarness:
+    """`starting_harness`, and a user's harness's code checked as `evotrainer validate` does (imports, every reward on
+    a real batch, in an isolated child), before anything is created from it. The template is the package's own."""
+    from evotrainer.base.settings import work_dir
+    from evotrainer.trainer import jobs
+
+    start = starting_harness(domain, harness)
+    if not start.template:
+        scratch = work_dir()
+        scratch.mkdir(parents=True, exist_ok=True)
+        problems = jobs.validate_harness(start.path, scratch, label=f"harness {harness}")
+        if problems:
+            raise UserError(f"harness {harness} is invalid: {problems[0]} (see `evotrainer validate {harness}`)")
+    return start

@@ -287,9 +287,8 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
             on_progress=None, harness: Path | None = None) -> Comparison:
     """Validate the request (one clear error, nothing written on bad input), then run or resume every cell. Every
     arm starts from `harness` (default: the domain's template); its domain is the comparison's."""
-    from evotrainer.base.settings import work_dir
     from evotrainer.trainer import jobs
-    from evotrainer.workspaces.source import starting_harness
+    from evotrainer.workspaces.source import checked_harness
 
     if budget_name not in BUDGETS:
         raise UserError(f"unknown --budget {budget_name!r}: choose one of {', '.join(BUDGETS)}")
@@ -306,15 +305,9 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
         domain = "math"
     if domain is not None and domain not in DOMAINS:
         raise UserError(f"compare supports --domain {' or '.join(DOMAINS)}, not {domain!r}")
-    start_harness = starting_harness(domain, harness)
+    start_harness = checked_harness(domain, harness)  # its code too, in an isolated child: before anything is written
     if start_harness.domain not in DOMAINS:
         raise UserError(f"compare supports harnesses of {' or '.join(DOMAINS)}, not {start_harness.domain!r}")
-    if not start_harness.template:  # its code, in an isolated child, before anything is written
-        scratch = work_dir()
-        scratch.mkdir(parents=True, exist_ok=True)
-        problems = jobs.validate_harness(start_harness.path, scratch, label=f"harness {harness}")
-        if problems:
-            raise UserError(f"harness {harness} is invalid: {problems[0]}")
     domain = start_harness.domain
     out = writable_dir(out)
     request = {"domain": domain, "seeds": seeds, "arms": arms, "budget": budget_name,
