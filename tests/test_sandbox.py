@@ -94,3 +94,34 @@ def test_no_network_where_the_os_allows_it(tmp_path):
     assert "connect 0" in (tmp_path / "log2").read_text()  # the same code reaches the server when allowed
     if network_isolation():
         assert "connect 0" not in (tmp_path / "log").read_text()
+
+
+def test_an_isolated_childs_cpu_time_reaches_the_parent(tmp_path):
+    """bubblewrap's PID namespace hides an isolated child's CPU time from RUSAGE_CHILDREN; the child reports it at
+    its end (`child_main`) and the parent adds it to `isolated_cpu_seconds`, which a plain child leaves alone (its
+    time is in RUSAGE_CHILDREN already)."""
+    import resource
+    import shutil
+    import uuid
+    from pathlib import Path
+
+    from evotrainer.trainer.sandbox import Isolation, isolated_cpu_seconds
+
+    root = Path.home() / ".cache" / "evotrainer" / f"test-cpu-{uuid.uuid4().hex[:8]}"  # not /tmp: the child has its own
+    root.mkdir(parents=True)
+    try:
+        mod = _module(root, "busy", "import time\nfrom evotrainer.trainer.sandbox import child_main\n"
+                                    "def main(argv):\n    t = time.process_time()\n"
+                                    "    while time.process_time() - t < 0.5: pass\n    return 0\nchild_main(main)\n")
+        events: list = []
+        before, rusage = isolated_cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+        res = run_module(mod, [], cwd=root, log_path=root / "log", limits=Limits(timeout_s=60),
+                         on_progress=events.append, isolation=Isolation(read=[str(root)], write=[str(root / "out")]))
+        assert res.ok, res.message
+        assert 0.45 <= isolated_cpu_seconds() - before < 5 and events == []  # the report is not a progress event
+        assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - rusage < 0.3  # what was missing
+        before = isolated_cpu_seconds()
+        assert run_module(mod, [], cwd=root, log_path=root / "log2", limits=Limits(timeout_s=60)).ok
+        assert isolated_cpu_seconds() == before
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

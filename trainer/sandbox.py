@@ -38,6 +38,17 @@ from evotrainer.base.errors import UserError
 from evotrainer.base.settings import OFFLINE_ENV
 
 PROGRESS_PREFIX = "@evotrainer-progress "
+CPU_KEY = "_cpu_seconds"  # the progress event a child ends with (`child_main`), read by run_module, never shown
+_isolated_cpu = [0.0]  # CPU seconds reported by this process's isolated children (isolated_cpu_seconds)
+_cpu_lock = threading.Lock()
+
+
+def isolated_cpu_seconds() -> float:
+    """CPU seconds this process's isolated children reported at their end: what `getrusage(RUSAGE_CHILDREN)` misses
+    (it counts the children that run without bubblewrap). Self-reported by the child, so code the child ran could
+    misstate it; a statistic, never a decision."""
+    with _cpu_lock:
+        return _isolated_cpu[0]
 SECRET_ENV = re.compile(r"(API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIAL|^AWS_|^HF_TOKEN)", re.IGNORECASE)
 
 
@@ -200,7 +211,16 @@ def child_main(entry: Callable[[list[str]], int]) -> None:
     except UserError as e:
         print(f"UserError: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         code = 3
+    finally:
+        _report_cpu()
     sys.exit(code)
+
+
+def _report_cpu() -> None:
+    """The child's CPU seconds (its own and its children's), as a progress line: the parent cannot read them from
+    `RUSAGE_CHILDREN` when the child runs in bubblewrap's PID namespace (benchmarks/bench_orphans.py)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    progress(**{CPU_KEY: round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 3)})
 
 
 def serve_spec(spec_type, compute: Callable) -> None:
@@ -310,7 +330,7 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
     log_path.parent.mkdir(parents=True, exist_ok=True)
     prefix = _isolation_prefix(limits, isolation, cwd)
     cgroup = _pids_cgroup(limits.max_tasks) if prefix[:1] == ["bwrap"] else None
-    started = time.time()
+    started, cpu = time.time(), None
     with open(log_path, "a", errors="replace") as log:
         # stderr joins stdout: the parent writes the log, so a flood is capped at limits.log_mb
         # bubblewrap itself gets only the child's few variables: /proc/1/environ inside is bwrap's
@@ -331,11 +351,14 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
         try:
             for line in iter(lambda: proc.stdout.readline(1 << 16), ""):  # type: ignore[union-attr]
                 if line.startswith(PROGRESS_PREFIX):
-                    if on_progress:
-                        try:
-                            on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
-                        except ValueError:
-                            pass  # a malformed progress line is the child's problem, never the parent's
+                    try:
+                        event = json.loads(line[len(PROGRESS_PREFIX):])
+                        if isinstance(event, dict) and CPU_KEY in event:
+                            cpu = float(event[CPU_KEY])
+                        elif on_progress:
+                            on_progress(event)
+                    except (ValueError, TypeError):
+                        pass  # a malformed progress line is the child's problem, never the parent's
                 elif room > 0:
                     room -= len(line)
                     log.write(line if room > 0 else f"[log capped at {limits.log_mb} MB: the rest is dropped]\n")
@@ -347,6 +370,9 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
             _remove_cgroup(cgroup)
         timed_out = fired.is_set()
     rc = proc.returncode
+    if prefix[:1] == ["bwrap"] and cpu is not None and cpu > 0:
+        with _cpu_lock:
+            _isolated_cpu[0] += cpu
     if prefix[:1] == ["bwrap"] and rc is not None and rc > 128:
         rc = -(rc - 128)  # bubblewrap reports a child killed by signal N as exit status 128 + N
     tail = _tail(log_path)

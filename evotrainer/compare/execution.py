@@ -29,8 +29,11 @@ from evotrainer.workspaces.source import StartingHarness
 
 
 def _cpu() -> float:
+    """CPU seconds of this process and its children: those that ran in bubblewrap report their own at their end."""
+    from evotrainer.trainer.sandbox import isolated_cpu_seconds
+
     s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime + isolated_cpu_seconds()
 
 
 
