@@ -358,6 +358,19 @@ def _meta_policy(meta_llm: str, api_base: str | None, cost: list[float] | None, 
                              retries=retries)
 
 
+def _promotions(con: Console, ws, summary) -> None:
+    """Each promotion in full: what changed, the evidence it answered (its hypothesis) and its measured effect."""
+    from evotrainer.agents.schemas import VerdictRecord
+
+    for h in summary.history:
+        v = VerdictRecord.load(ws.verdict_path(h.promoted)) if h.promoted else None
+        if v is None or v.intervention is None:
+            continue
+        con.print(f"  [green]promoted[/] g{h.generation} {h.promoted}: {v.intervention.change}\n"
+                  f"    why: {v.intervention.hypothesis}\n    measured: {v.reasons[0] if v.reasons else '-'}",
+                  highlight=False)
+
+
 def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
     from evotrainer.graph.build import drive
 
@@ -383,6 +396,7 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
                       h.promoted or "-", str(len(h.rejected)), h.revised or "-")
     con = Console()
     con.print(table)
+    _promotions(con, ws, summary)
     for r in summary.rejected:
         con.print(f"  [red]rejected[/] {r}", highlight=False)
     start = "n/a" if summary.dev_start is None else f"{summary.dev_start:.3f}"
