@@ -7,14 +7,16 @@ reaches its parent's accounting.
    the backtest does) and is SIGKILLed 0-90 ms after the child's log file appears, the moment `tests/test_loop.py`
    kills its orchestrator. A child still running a second later is an orphan. Before the re-parenting check in
    `sandbox._die_with_parent` this found 7 of 40 (2026-12-05, machine otherwise idle); after it 0 of 40 idle, but
-   9 of 40 with two comparison processes busy on both cores: the survivors are bubblewrap (re-parented to init)
-   and its child, so a second window remains in bubblewrap's own start (not yet located; kills later than that
-   left no orphan in `tests/test_loop.py`).
+   9 of 40 with two comparison processes busy on both cores: the survivors were bubblewrap (re-parented to init)
+   and its child, a window between the exec of bubblewrap and its own parent-death signal. With the lifeline every
+   child holds since (`trainer/launch.py`: a pipe only the parent can write, read to its end by a thread of the
+   child): 0 of 40 with both cores busy with two comparison processes (2026-12-05 17:00 UTC).
 2. CPU accounting: a 3-second busy loop run plain and isolated; the parent's RUSAGE_CHILDREN before and after,
    and what the isolated child reports at its end (`sandbox.isolated_cpu_seconds`, which compare adds).
    Measured: 3.0 s plain, 0.0 s isolated (a process inside bubblewrap's PID namespace is not reaped by the
-   parent's descendants), so `evotrainer compare`'s CPU seconds left isolated training out until children
-   reported their own (`sandbox.child_main`); the test of that report: tests/test_sandbox.py.
+   parent's descendants), so `evotrainer compare`'s CPU seconds left isolated training out until every child
+   reported its own at its end (`trainer/launch.py`): now 3.17 s plain (RUSAGE_CHILDREN), 3.14 s isolated
+   (reported), the isolated report the only one counted.
 """
 
 from __future__ import annotations

@@ -125,3 +125,32 @@ def test_an_isolated_childs_cpu_time_reaches_the_parent(tmp_path):
         assert isolated_cpu_seconds() == before
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_lifeline_ends_a_child_whose_parent_is_gone(tmp_path):
+    """Every child starts through launch.py, holding the read end of a pipe only its parent can write: a parent that
+    is already gone when the child starts (a kill between fork and the death signal being armed) means the child
+    never runs its module; a parent that dies later ends it within moments, whatever it was doing."""
+    import time
+
+    mod = _module(tmp_path, "sleeper", "import pathlib, time\npathlib.Path('ran').write_text('x')\ntime.sleep(60)\n")
+
+    def start(read_fd: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "evotrainer.trainer.launch", str(read_fd), mod], cwd=tmp_path,
+                                pass_fds=(read_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    r, w = os.pipe()
+    os.close(w)  # the parent died before the child started
+    child = start(r)
+    os.close(r)
+    assert child.wait(timeout=30) == 1 and not (tmp_path / "ran").exists()
+    r, w = os.pipe()
+    child = start(r)
+    os.close(r)
+    deadline = time.time() + 30
+    while not (tmp_path / "ran").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "ran").exists() and child.poll() is None  # running its module, 60 s of sleep ahead
+    os.close(w)  # the parent dies
+    started = time.time()
+    assert child.wait(timeout=10) == 1 and time.time() - started < 2

@@ -38,7 +38,7 @@ from evotrainer.base.errors import UserError
 from evotrainer.base.settings import OFFLINE_ENV
 
 PROGRESS_PREFIX = "@evotrainer-progress "
-CPU_KEY = "_cpu_seconds"  # the progress event a child ends with (`child_main`), read by run_module, never shown
+CPU_KEY = "_cpu_seconds"  # the progress event a child ends with (`launch.py`), read by run_module, never shown
 _isolated_cpu = [0.0]  # CPU seconds reported by this process's isolated children (isolated_cpu_seconds)
 _cpu_lock = threading.Lock()
 
@@ -211,16 +211,7 @@ def child_main(entry: Callable[[list[str]], int]) -> None:
     except UserError as e:
         print(f"UserError: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
         code = 3
-    finally:
-        _report_cpu()
     sys.exit(code)
-
-
-def _report_cpu() -> None:
-    """The child's CPU seconds (its own and its children's), as a progress line: the parent cannot read them from
-    `RUSAGE_CHILDREN` when the child runs in bubblewrap's PID namespace (benchmarks/bench_orphans.py)."""
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    progress(**{CPU_KEY: round(own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime, 3)})
 
 
 def serve_spec(spec_type, compute: Callable) -> None:
@@ -334,10 +325,20 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
     with open(log_path, "a", errors="replace") as log:
         # stderr joins stdout: the parent writes the log, so a flood is capped at limits.log_mb
         # bubblewrap itself gets only the child's few variables: /proc/1/environ inside is bwrap's
-        proc = subprocess.Popen([*prefix, sys.executable, "-m", module, *args], cwd=str(cwd),
-                                env=_isolated_env() if prefix[:1] == ["bwrap"] else child_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", preexec_fn=_limit(limits, cgroup))
+        # the lifeline (launch.py): the child holds the read end, only this process the write end
+        lifeline, hold = os.pipe()
+        try:
+            proc = subprocess.Popen([*prefix, sys.executable, "-m", "evotrainer.trainer.launch", str(lifeline), module,
+                                     *args], cwd=str(cwd),
+                                    env=_isolated_env() if prefix[:1] == ["bwrap"] else child_env(),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    text=True, errors="replace", preexec_fn=_limit(limits, cgroup),
+                                    pass_fds=(lifeline,))
+        except BaseException:
+            os.close(hold)
+            raise
+        finally:
+            os.close(lifeline)
         # a watchdog, not a check between lines: a silent hung child must be stopped too
         fired = threading.Event()
 
@@ -367,6 +368,7 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
             watchdog.cancel()
             if proc.poll() is None:
                 _kill_group(proc)
+            os.close(hold)
             _remove_cgroup(cgroup)
         timed_out = fired.is_set()
     rc = proc.returncode
