@@ -11,6 +11,7 @@ import pytest
 
 from evotrainer.agents.offline.policy import OfflinePolicy
 from evotrainer.agents.schemas import DiagnoseInput, PlanInput
+from evotrainer.compare.hpo import current, propose, space, template_recipe
 from evotrainer.trainer import jobs
 from evotrainer.trainer.diagnostics.report import health_report
 from evotrainer.trainer.grpo import TrainSpec
@@ -40,6 +41,9 @@ def test_the_suite_is_what_the_table_says_and_every_harness_is_valid_and_documen
         assert f"`{analyzer}`" in readme and f"`{transform}`" in readme, name
         start = starting_harness(None, path)
         assert start.domain == name.split("/")[0] and "README.md" not in start.files
+        # the hyperparameter search's first trial is this harness's own recipe, exactly (its space holds it)
+        recipe = template_recipe(start)
+        assert propose(space(recipe), [], 0, 0, 2, recipe) == current(recipe), name
         # nothing in the files the agents read names the defect
         text = "\n".join((path / f).read_text() for f in start.files).lower()
         assert not re.search(r"\b(defect|flaw|bug|wrong|too (low|small|short|cold))\b", text), name

@@ -80,7 +80,8 @@ def space(template: dict) -> dict:
         "scale_rewards": choices("scale_rewards", ["group", "batch", "none"]),
         "epsilon_high": choices("epsilon_high", [float(template.get("epsilon", 0.2)), 0.28, 0.36]),
         "num_iterations": choices("num_iterations", [1, 2]),
-        "temperature": FloatDistribution(0.7, 1.3, step=0.1),
+        # the range practitioners try, stretched to hold the harness's own value (trial 0 is that recipe exactly)
+        "temperature": FloatDistribution(min(0.7, now["temperature"]), max(1.3, now["temperature"]), step=0.1),
         "beta": choices("beta", [0.0, 0.02, 0.04]),
         "num_generations": choices("num_generations", [n for n in (ng, 2 * ng) if bs % n == 0 and n <= 32]),
         "mask_truncated_completions": choices("mask_truncated_completions", [True, False]),
