@@ -537,13 +537,20 @@ def main() -> None:
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)
-    except Exception as e:  # click's usage errors
-        import click
+    except Exception as e:
+        if not _is_usage_error(e):
+            raise
+        ctx = getattr(e, "ctx", None)
+        where = f"`{ctx.command_path} --help`" if ctx is not None else "`evotrainer --help`"
+        err.print(f"[red]error:[/red] {e.format_message()} ({where} shows the usage)", highlight=False,
+                  soft_wrap=True)
+        sys.exit(2)
 
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+
+def _is_usage_error(e: Exception) -> bool:
+    """A usage error of the command line (unknown option or command, missing or bad argument): click's exception
+    class, from whichever copy of click raised it (typer >= 0.26 carries its own as `typer._click`)."""
+    return any(c.__name__ == "ClickException" for c in type(e).__mro__) and hasattr(e, "format_message")
 
 
 if __name__ == "__main__":

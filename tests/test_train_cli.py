@@ -144,3 +144,21 @@ def test_mean_logprob_is_the_sampling_policys(trained, tiny_policy):
             logits = model(torch.tensor([p + c])).logits[0, len(p) - 1: len(p) + len(c) - 1]
         lp = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(c).unsqueeze(1)).mean().item()
         assert abs(lp - r.mean_logprob) < 1e-3, (r.rollout_id, lp, r.mean_logprob)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run"], "Missing argument 'directory'"),
+    (["--bogus"], "No such option: --bogus"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+    (["run", "x", "--generations", "abc"], "Invalid value for '--generations'"),
+    (["compare", "--seeds", "0"], "Invalid value for '--seeds'"),
+    (["skills", "query"], "Missing argument"),
+])
+def test_a_usage_error_is_one_line_and_exit_2(args, message, tmp_path):
+    """Whatever copy of click typer raises from (typer >= 0.26 carries its own), a usage error is one `error:` line
+    naming the command's --help, exit status 2, no traceback, nothing created."""
+    res = run_cli(*args, cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip() and "DeprecationWarning" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0] and "--help" in lines[0], lines
+    assert not any(tmp_path.iterdir())
