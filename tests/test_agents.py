@@ -83,6 +83,10 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
 def test_preconditions_follow_the_findings():
     assert apply("longer_limit", TEMPLATE, []) is None  # no truncation: nothing to fix
     truncated = [F("truncation", "truncated_ratio", 0.3, "critical")]
+    short = {**TEMPLATE, "harness.yaml": set_knob(TEMPLATE["harness.yaml"], "max_completion_length", 3)}
+    limits = [load_spec_text(apply("longer_limit", files, truncated).files["harness.yaml"])["trainer"][
+        "max_completion_length"] for files in (short, TEMPLATE)]
+    assert limits == [32, 60]  # a limit sized on short answers goes back to the default; a sane one grows by half
     for tid in ("longer_limit", "soft_overlong", "tighten_truncation"):  # an unsubmitted episode is not too long
         assert apply(tid, TEMPLATE, truncated) is not None and apply(tid, SWE_TEMPLATE, truncated) is None, tid
     assert apply("format_weight", TEMPLATE, []) is None

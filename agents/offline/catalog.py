@@ -395,7 +395,10 @@ def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
     if not _fired(findings, "truncation") or _multi_turn(files):
         return None
     cur = int(_knob(files, "max_completion_length"))
-    new = int(round(cur * 1.5))
+    # a limit below the backend's default was sized on some answers only: back to the default at once (truncated
+    # completions never show how long they wanted to be); above it, half as much again
+    default = int(TRAINER_DEFAULTS["max_completion_length"])
+    new = default if cur < default else int(round(cur * 1.5))
     return _knob_change(files, "max_completion_length", new, f"raise the completion-length limit {cur} -> {new}",
                         f"If the limit is {new} tokens, fewer completions are cut off and masked, so more rollouts "
                         "carry gradient and dev accuracy improves.")
