@@ -220,6 +220,8 @@ def validate(harness_dir: Annotated[Path, typer.Argument(help="a harness directo
     """Check a harness in the sandbox: schema, imports, and every reward on a small real batch."""
     from evotrainer.trainer import jobs
 
+    if harness_dir.exists() and not harness_dir.is_dir():
+        raise UserError(f"{harness_dir} is a file: pass the directory that holds harness.yaml")
     if not harness_dir.is_dir():
         raise UserError(f"harness directory {harness_dir} does not exist")
     problems = jobs.validate_harness(harness_dir, _work_dir())

@@ -110,6 +110,9 @@ def test_cli_init_branches_show(tmp_path):
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     not_run = run_cli("branches", str(tmp_path))
     assert not_run.returncode == 2 and "not an EvoTrainer run" in not_run.stderr
+    a_file = run_cli("validate", str(run / "run.yaml"))  # a file where a harness directory belongs: said so
+    assert a_file.returncode == 2 and "is a file: pass the directory that holds harness.yaml" in a_file.stderr
+    assert "`evotrainer init --force`" in again.stderr  # the command that has the option the message names
 
 
 @pytest.mark.parametrize("body,reason,words", [

@@ -59,7 +59,8 @@ class RunWorkspace:
         if path.exists() and not path.is_dir():
             raise UserError(f"{path} is a file: a run is a directory; choose a new directory")
         if path.exists() and any(path.iterdir()) and not force:
-            raise UserError(f"{path} is not empty: choose a new directory, or pass --force to add a run to it")
+            raise UserError(f"{path} is not empty: choose a new directory (`evotrainer init --force` adds a run to a "
+                            "non-empty one)")
         if (path / "run.yaml").exists():
             raise UserError(f"{path} already holds a run (run.yaml exists): choose a new directory")
         fp = check_sealed(get_domain(domain))
