@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import resource
 import runpy
+import select
 import sys
 import threading
 
@@ -41,6 +42,10 @@ def _report_cpu() -> None:
 
 def main() -> None:
     fd, module, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    # the parent never writes, so a readable end is a closed one: a parent already gone ends the child here, before
+    # its module runs (the thread below may be scheduled only after the module has started)
+    if select.select([fd], [], [], 0)[0] and not os.read(fd, 1):
+        os._exit(1)
     threading.Thread(target=_watch, args=(fd,), name="lifeline", daemon=True).start()
     sys.argv = [module, *args]
     try:
