@@ -8,7 +8,9 @@ be repaired and the loop must not lose), `evotrainer compare --harness H` with t
 (H never evolved) and `hpo` (a hyperparameter search over H's recipe at EvoTrainer's steps), every arm from the
 cached warm policy, seeds 0..S-1, the comparison's default budget. Each harness is one compare directory
 `OUT/<domain>-<name>/`, whose cells are written when done: rerun the same command to resume, or run it in two
-processes side by side to share the cells.
+processes side by side to share the cells. What the evidence said of a seed (the analyzer at the end of
+EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the committed
+cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
 
 Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: the defect (the analyzer whose evidence shows it,
 the catalog transform that repairs it: the `DEFECTS` table of tests/test_flawed.py, read from each harness's
@@ -75,6 +77,29 @@ def last_segment(run: Path) -> tuple[int, str] | None:
     return None
 
 
+def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzer: str) -> tuple[bool | None, bool | None]:
+    """(the defect's analyzer silent on EvoTrainer's last champion segment, it fires on the reference's training),
+    read from the run directories once and kept in `repair/s<seed>.json` beside the cells, so that a comparison
+    resumed from its committed cells (without the runs) keeps them."""
+    kept = cmp_dir / "repair" / f"s{seed}.json"
+    if kept.is_file():
+        found = json.loads(kept.read_text())
+        return found["analyzer_silent_at_end"], found["reference_analyzer_fires"]
+    if analyzer == "-":
+        return None, None
+    run = cmp_dir / "runs" / f"evotrainer-s{seed}"
+    seg = last_segment(run) if run.is_dir() else None
+    silent = None if seg is None else not fires(run / "evidence", seg[0], seg[1], run / "harness", analyzer,
+                                                cmp_dir / "work")
+    ref_dir = cmp_dir / "static" / f"reference-s{seed}"
+    ref = fires(ref_dir / "evidence", None, None, harness, analyzer, cmp_dir / "work") if ref_dir.is_dir() else None
+    if silent is not None and ref is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps({"segment": list(seg), "analyzer_silent_at_end": silent,
+                                    "reference_analyzer_fires": ref}))
+    return silent, ref
+
+
 def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str) -> dict:
     from evotrainer.compare import compare
     from evotrainer.compare.report import against_search
@@ -91,13 +116,7 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
     for s in comparison.seeds:
         evo, ref = by[("evotrainer", s)], by[("reference", s)]
         promoted = [v for v in evo.lineage if v["decision"] == "promote" and v["transform"] == transform]
-        run = cmp_dir / "runs" / f"evotrainer-s{s}"
-        seg = last_segment(run)
-        silent_after = None if seg is None or analyzer == "-" else \
-            not fires(run / "evidence", seg[0], seg[1], run / "harness", analyzer, cmp_dir / "work")
-        ref_dir = cmp_dir / "static" / f"reference-s{s}"
-        ref_fires = None if analyzer == "-" else fires(ref_dir / "evidence", None, None, harness, analyzer,
-                                                        cmp_dir / "work")
+        silent_after, ref_fires = evidence_checks(cmp_dir, s, harness, analyzer)
         seeds_rows.append({"seed": s, "repaired": bool(promoted) and bool(silent_after),
                            "generation": promoted[0]["generation"] if promoted else None,
                            "analyzer_silent_at_end": silent_after, "reference_analyzer_fires": ref_fires,
