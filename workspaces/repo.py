@@ -203,9 +203,7 @@ class HarnessRepo:
         path = Path(path).resolve()  # git runs with this as its working directory: a relative path would nest
         with _user_errors(f"cannot create the harness repository {path}"):
             path.mkdir(parents=True, exist_ok=True)
-            for rel in start.files:
-                (path / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(start.path / rel, path / rel)
+            start.copy_to(path)
             _run(["init", "-q", "-b", "main", f"--template={_empty_dir()}", str(path)], cwd=path)
             (path / ".gitignore").write_text("__pycache__/\n*.pyc\n")
             repo = cls(path)

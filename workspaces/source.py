@@ -13,6 +13,7 @@ child, before anything is created from it.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,12 @@ class StartingHarness:
     def label(self) -> str:
         """How reports name it: `templates/<domain>` or the directory."""
         return f"templates/{self.domain}" if self.template else str(self.path)
+
+    def copy_to(self, dest: Path) -> None:
+        """Its files (and only those: no README) into `dest`, created as needed."""
+        for rel in self.files:
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.path / rel, dest / rel)
 
 
 def _files(root: Path) -> list[str]:

@@ -94,9 +94,7 @@ def recipe_harness(base: StartingHarness, keys: dict[str, object], dest: Path, l
         return dest
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    for rel in base.files:  # its files only: a README stays outside (workspaces/source.py)
-        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(base.path / rel, tmp / rel)
+    base.copy_to(tmp)  # its files only: a README stays outside (workspaces/source.py)
     text = (tmp / "harness.yaml").read_text()
     for key, value in keys.items():
         try:  # a knob the harness leaves at TRL's default gets its own line
