@@ -98,6 +98,10 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                                                    (f" and the replay does not show {intervention.expected.metric} "
                                                     f"moving {intervention.expected.direction}" if rule.replay_only
                                                     else "")], **base)
+    if not s.estimable:  # a prior alone must never promote, and one seed with no seed spread measured nothing
+        return Verdict(decision="inconclusive", reasons=[
+            f"dev {s.delta:+.3f} over one seed x {s.steps} steps with no training-seed spread configured: no "
+            "interval is estimable, nothing was measured (run with --seeds 2, or set backtest.seed_sd)"], **base)
     prior = prior or Prior.vague(rule.prior_sd)
     post = posterior(s.delta, s.se, prior)
     interval = (f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps "

@@ -1,5 +1,5 @@
-"""Writing files so that a crash never leaves half of one (a temporary file, then an atomic rename), and output
-directories checked writable before anything is written to them."""
+"""Writing files so that a crash never leaves half of one (a temporary file, then an atomic rename), output
+directories checked writable before anything is written to them, and text a user gave read with one clear error."""
 
 from __future__ import annotations
 
@@ -30,3 +30,21 @@ def writable_dir(out: Path) -> Path:
     except OSError as e:
         raise UserError(f"output directory {out} is not writable ({e.strerror}): choose another --out") from e
     return out.resolve()
+
+
+def read_user_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of a file the user gave (`what` names it in the error: "run configuration", "patch"): a
+    missing, unreadable or non-UTF-8 file is one UserError naming the file and, for bad bytes, where they are."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise UserError(f"{what} {path} is a directory, not a file: pass the file") from None
+    except OSError as e:
+        raise UserError(f"cannot read the {what} {path} ({e.strerror}): check the path and its permissions") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise UserError(f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}): save it as "
+                        "UTF-8") from None

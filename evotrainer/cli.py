@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,9 @@ def progress_display(enabled: bool):
     if not enabled:
         yield lambda label: (lambda event: None)
         return
+    if not err.is_terminal:  # a log file: whole lines, not a live table cut to 80 columns
+        yield _progress_lines
+        return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn())
     with Progress(*columns, console=err, transient=False) as bar:
@@ -46,6 +50,25 @@ def progress_display(enabled: bool):
             return on_event
 
         yield feed
+
+
+def _progress_lines(label: str):
+    """Progress as plain lines, for a log file: one at the first event of a job, at each tenth of its steps, at its
+    end; no column is ever cut."""
+    marks: set[int] = set()
+    started = time.time()
+
+    def on_event(event: dict) -> None:
+        step, total = event.get("step", 0), event.get("total")
+        mark = int(10 * step / total) if total else step
+        if mark in marks:
+            return
+        marks.add(mark)
+        info = "".join(f"  {k} {v:.3f}" for k, v in event.items() if k in ("reward", "accuracy")
+                       and isinstance(v, float))
+        err.print(f"{label}: {step}/{total if total else '?'}{info}  {time.time() - started:.0f} s", highlight=False,
+                  soft_wrap=True)
+    return on_event
 
 
 @app.command()
@@ -64,7 +87,9 @@ def train(
 ) -> None:
     """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
     from evotrainer.train import DEFAULT_EVAL_K, DEFAULT_STEPS, TrainRequest, run_train
+    from evotrainer.trainer.domains import get_domain
 
+    get_domain(domain)  # an unknown domain is refused before --out is created
     steps = steps or DEFAULT_STEPS.get(domain, 150)
     eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
     req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(writable_dir(out)),
@@ -424,7 +449,8 @@ def _llm_cost(text: str) -> list[float]:
 
 @app.command()
 def run(
-    directory: Annotated[Path, typer.Argument(help="the new run directory")],
+    ctx: typer.Context,
+    directory: Annotated[Path, typer.Argument(help="a new run directory, or one made by `evotrainer init`")],
     domain: Annotated[str | None, typer.Option(help=DOMAIN_HELP)] = None,
     harness: Annotated[Path | None, typer.Option(help=HARNESS_HELP)] = None,
     generations: Annotated[int, typer.Option(min=1, help="generations of the loop")] = 3,
@@ -453,9 +479,28 @@ def run(
                                                       "meta-LLM LiteLLM has no price for")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
 ) -> None:
-    """Co-evolve the policy and its harness: train, diagnose, plan, implement, backtest, critique, promote, distill."""
+    """Co-evolve the policy and its harness: train, diagnose, plan, implement, backtest, critique, promote, distill.
+
+    On a directory made by `evotrainer init` (and never started), start it with the settings of its run.yaml."""
     from evotrainer.base.config import nest
-    from evotrainer.graph.build import open_run
+    from evotrainer.graph.build import has_started, open_run
+
+    if (directory / "run.yaml").is_file():
+        from evotrainer.workspaces.run import RunWorkspace
+
+        ws = RunWorkspace.open(directory)
+        if has_started(ws.path):
+            raise UserError(f"{directory} already holds a run that has started: continue it with `evotrainer resume "
+                            f"{directory}`, or choose a new directory")
+        given = sorted(f"--{p.name.replace('_', '-')}" for p in ctx.command.params
+                       if p.name not in ("directory", "as_json")
+                       and ctx.get_parameter_source(p.name).name not in ("DEFAULT", "DEFAULT_MAP"))
+        if given:
+            raise UserError(f"{directory} was made by `evotrainer init` and its settings are in its run.yaml, so "
+                            f"{', '.join(given)} would be ignored: start it as configured with `evotrainer run "
+                            f"{directory}`, or pass these options with a new directory")
+        _drive(ws, fresh=True, as_json=as_json)
+        return
 
     overrides = {k: v for k, v in dict(train_steps=train_steps, backtest_steps=backtest_steps, seeds=seeds,
                                        max_seeds=max_seeds, dev_items=dev_items).items() if v is not None}
@@ -463,9 +508,6 @@ def run(
     budget = {"generations": generations, "candidates": candidates, "train_steps": max_train_steps,
               "llm_dollars": max_dollars, "wall_clock_s": max_minutes * 60 if max_minutes else None}
     cost = _llm_cost(llm_cost) if llm_cost else None
-    if (directory / "run.yaml").is_file():
-        raise UserError(f"{directory} already holds a run: continue it with `evotrainer resume {directory}`, or "
-                        "choose a new directory")
     # an unreachable endpoint, a missing key, no way to isolate harness code: before anything exists
     isolation_mode()
     start = _starting_harness(domain, harness)

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from evotrainer.base.errors import UserError
+from evotrainer.base.files import read_user_text
 
 
 class Proposal(BaseModel):
@@ -97,10 +98,7 @@ def propose(run_dir: str | Path, patch_file: str | Path, factor: str, hypothesis
     from evotrainer.workspaces.run import RunWorkspace
 
     ws = RunWorkspace.open(run_dir)
-    try:
-        patch = Path(patch_file).read_text()
-    except (OSError, UnicodeError) as e:
-        raise UserError(f"cannot read the patch {patch_file}: {e}") from e
+    patch = read_user_text(patch_file, "patch")
     if not factor.strip() or not hypothesis.strip():
         raise UserError("--factor and --hypothesis must not be empty: name the one thing changed and what it "
                         "should improve")

@@ -59,6 +59,28 @@ def checkpointer(path: Path) -> SqliteSaver:
     return SqliteSaver(sqlite3.connect(str(path), check_same_thread=False), serde=serde)
 
 
+def has_started(run: Path) -> bool:
+    """Whether the run's graph has a checkpoint, read without writing (a SqliteSaver creates its tables on open):
+    False for a run made by `init` and never started, or one whose start failed before its first node."""
+    db = Path(run) / "graph.sqlite"
+    if not db.is_file():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT 1 FROM checkpoints LIMIT 1").fetchone() is not None
+        finally:
+            con.close()
+    except sqlite3.OperationalError as e:
+        if "no such table" in str(e):
+            return False
+        raise UserError(f"run {run}: its graph checkpoint {db} cannot be read ({e}); restore the run directory "
+                        "from a copy") from None
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"run {run}: its graph checkpoint {db} is corrupt ({e}); restore the run directory from a "
+                        "copy") from None
+
+
 class RunSummary(BaseModel):
     run: str
     meta_policy: str
@@ -108,6 +130,8 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None =
     """Run the loop from its start (`fresh`) or from the last completed node (`fresh=False`), under the run's lock;
     `fresh=None` starts or resumes, whichever the run's graph checkpoint calls for."""
     cfg = ws.config()
+    if fresh is False and not has_started(ws.path):  # refused before the lock and the checkpointer create files
+        raise UserError(f"run {ws.path} has not started yet: start it with `evotrainer run {ws.path}`")
     events = EventLog(ws.path / "events.jsonl")
     store = SkillStore(cfg.skills) if cfg.skills else SkillStore()
     with ws.lock():
@@ -125,7 +149,7 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None =
             if fresh and snapshot.values:
                 raise UserError(f"run {ws.path} has already started: continue it with `evotrainer resume {ws.path}`")
             if not fresh and not snapshot.values:
-                raise UserError(f"run {ws.path} has no checkpoint to resume from: start it with `evotrainer run`")
+                raise UserError(f"run {ws.path} has not started yet: start it with `evotrainer run {ws.path}`")
             events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed,
                         isolation=isolation_mode())  # refuses here, before any work, where bwrap is missing
             started = time.time()

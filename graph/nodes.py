@@ -409,6 +409,11 @@ class Loop:
                                          "no lesson about the change")
                 continue
             bt = cand.backtest
+            if bt.short_run and not bt.short_run.estimable and not v.failed_gates:
+                self.events.emit("distill", node="distill", generation=g, branch=cand.branch, skill=None,
+                                 skipped="one seed and no training-seed spread: the test could detect nothing, "
+                                         "no lesson")
+                continue
             skill, merged = distill(self.store, lesson_of(
                 cand.intervention, v, self.cfg.domain, findings=state.findings, backtest=bt, run=ws.path.name,
                 diagnosis=state.diagnosis.summary if state.diagnosis else "", generation=g, commit=cand.commit))

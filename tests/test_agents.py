@@ -256,6 +256,12 @@ def test_the_rule_decides_on_the_posterior_with_memory_as_its_prior():
     assert judge(IV, noisy, wide.model_copy(update={"margin": 0.02})).decision == "promote"
     # an older run's frequentist floor still binds where it is set
     assert judge(IV, weak, rule.model_copy(update={"min_ci_low": 0.0}), prior=proven).decision == "inconclusive"
+    # one seed and no seed spread: nothing measured, so even the strongest prior and a large estimate never promote
+    blind = _backtest(0.2, -1.0, 1.0).model_copy(deep=True)
+    blind.short_run.estimable, blind.short_run.seeds, blind.short_run.se = False, [0], 1.0
+    certain = Prior(mean=0.2, sd=0.001, n=50, source="fifty positive backtests")
+    v = judge(IV, blind, rule, prior=certain)
+    assert v.decision == "inconclusive" and "no interval is estimable" in v.reasons[0]
 
 
 def test_memory_prior_pools_measured_backtests():

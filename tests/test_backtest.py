@@ -18,7 +18,7 @@ from evotrainer.base.errors import UserError
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import BacktestConfig, paired_bootstrap
 from evotrainer.trainer.backtest.replay import REPLAY_GATE, agreement
-from evotrainer.trainer.backtest.statistics import decide, with_seed_spread
+from evotrainer.trainer.backtest.statistics import Z_POWER, backtest_interval, decide, resolution_se, with_seed_spread
 from evotrainer.trainer.grpo import TrainSpec
 from evotrainer.workspaces.repo import IDENTITY
 from evotrainer.workspaces.run import RunWorkspace
@@ -292,16 +292,39 @@ def test_one_seed_carries_the_training_seed_spread_its_items_cannot_show():
     rng = np.random.default_rng(1)
     one = ((rng.random((1, 2000)) < 0.12).astype(float) - (rng.random((1, 2000)) < 0.10))
     delta, lo, hi, se = paired_bootstrap(one, 500)
-    lo1, hi1, se1 = with_seed_spread(delta, lo, hi, se, 1, 0.006)
-    assert se1 == pytest.approx(np.hypot(se, 0.006)) and lo1 < lo and hi1 > hi
+    lo1, hi1, se1, ok = with_seed_spread(delta, lo, hi, se, 1, 0.006)
+    assert ok and se1 == pytest.approx(np.hypot(se, 0.006)) and lo1 < lo and hi1 > hi
     assert hi1 - delta == pytest.approx(delta - lo1)
-    assert with_seed_spread(delta, lo, hi, se, 2, 0.006) == (lo, hi, se)  # two seeds: the bootstrap sees it
-    assert with_seed_spread(delta, lo, hi, se, 1, 0.0) == (lo, hi, se)
+    assert with_seed_spread(delta, lo, hi, se, 2, 0.006) == (lo, hi, se, True)  # two seeds: the bootstrap sees it
+    # one seed and no spread configured: nothing is estimable, the interval is the whole range of a difference
+    assert with_seed_spread(delta, lo, hi, se, 1, 0.0) == (-1.0, 1.0, 1.0, False)
     # the worst case: every item of the one seed moved alike (se 0): on items alone +0.005 would be a certain gain
     assert posterior(0.005, 0.0, Prior.vague(0.02)).p_gain > 0.999
-    lo0, hi0, se0 = with_seed_spread(0.005, 0.005, 0.005, 0.0, 1, BacktestConfig().seed_sd)
+    lo0, hi0, se0, _ = with_seed_spread(0.005, 0.005, 0.005, 0.0, 1, BacktestConfig().seed_sd)
     assert se0 == BacktestConfig().seed_sd and lo0 < 0 < hi0
     assert posterior(0.005, se0, Prior.vague(0.02)).p_gain < 0.9
+
+
+def test_few_items_that_all_agree_are_not_a_certainty():
+    """Two seeds x 20 items where both arms agree on every item: the bootstrap's error is 0 and its interval a
+    point, yet 20 items cannot exclude a discordance of 3/20. The floor keeps the MDE honest at that size and
+    vanishes at the default dev size."""
+    agree = np.zeros((2, 20))
+    delta, lo, hi, se = paired_bootstrap(agree, 200)
+    assert se == 0.0 and lo == hi == 0.0
+    assert resolution_se(20) == pytest.approx(np.sqrt(3) / 20)
+    assert Z_POWER * resolution_se(20) > 0.2  # at 20 items no effect below 0.2 is detectable
+    assert resolution_se(2000) < 0.001  # the default dev split: below any bootstrap error seen
+    d, lo, hi, se, ok = backtest_interval(agree, 200, 0.006)
+    assert ok and d == 0.0 and se == pytest.approx(resolution_se(20)) and lo < -0.15 and hi > 0.15
+    # one seed x 20 agreeing items (the issue's case): with the seed spread, wider still; without, not estimable
+    _, lo1, hi1, se1, ok1 = backtest_interval(agree[:1], 200, 0.006)
+    assert ok1 and se1 == pytest.approx(np.hypot(resolution_se(20), 0.006))
+    assert backtest_interval(agree[:1], 200, 0.0)[1:] == (-1.0, 1.0, 1.0, False)
+    # at the default size the floor changes nothing
+    rng = np.random.default_rng(3)
+    big = (rng.random((2, 2000)) < 0.3).astype(float) - (rng.random((2, 2000)) < 0.3)
+    assert backtest_interval(big, 200, 0.006)[:4] == paired_bootstrap(big, 200)
 
 
 def test_sequential_rule():

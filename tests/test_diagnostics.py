@@ -116,6 +116,20 @@ def test_each_analyzer_fires_on_its_failure(kind):
         assert any(f.evidence for f in findings)
 
 
+def test_solve_rate_needs_enough_rollouts_of_a_level_to_call_it_never_solved():
+    """A level never solved on 16 rollouts is not "too hard" (the curriculum would drop it): it says how many it
+    needs; on 150 it is."""
+    df, _ = crafted("solve_rate_by_difficulty")
+    level4 = df.index[df.difficulty == 4]
+    few = df.drop(level4[16:])
+    [f] = [f for f in run_all(few, steps_of(few)) if f.analyzer == "solve_rate_by_difficulty"]
+    assert f.severity == "info" and "too hard" not in f.message and "only 16 rollouts" in f.message
+    assert "(needs 150)" in f.message
+    enough = df.drop(level4[150:])
+    [f] = [f for f in run_all(enough, steps_of(enough)) if f.analyzer == "solve_rate_by_difficulty"]
+    assert f.severity == "warning" and "too hard" in f.message
+
+
 def test_unpaid_correct_names_the_component_and_the_level_and_needs_enough_right_answers():
     df, _ = crafted("unpaid_correct")
     [f] = [f for f in run_all(df, steps_of(df)) if f.analyzer == "unpaid_correct"]

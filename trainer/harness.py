@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evotrainer.base.errors import UserError
+from evotrainer.base.files import read_user_text
 
 # The GRPOConfig knobs a harness may set (DESIGN §11), with TRL's own names and field types (null only where TRL gives
 # None a meaning; tests/test_harness_spec.py checks the table against trl.GRPOConfig). A plain table: the
@@ -89,11 +90,12 @@ def load_spec(harness_dir: str | Path) -> HarnessSpec:
         raise UserError(f"harness {harness_dir} has no harness.yaml: pass a directory laid out as "
                         "workspaces/templates/<domain>/")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(read_user_text(path, "harness spec"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path} is not valid YAML{where}: {getattr(e, 'problem', e)}") from e
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{path} is not valid YAML{where}: {problem}") from e
     if not isinstance(raw, dict):
         raise UserError(f"{path} must be a mapping with keys domain, trainer, rewards (got {type(raw).__name__})")
     try:

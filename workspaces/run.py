@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from evotrainer.base.config import RunConfig
 from evotrainer.base.errors import UserError
-from evotrainer.base.files import atomic_write_text
+from evotrainer.base.files import atomic_write_text, read_user_text
 from evotrainer.workspaces.repo import HarnessRepo
 from evotrainer.workspaces.source import StartingHarness
 
@@ -92,7 +92,7 @@ class RunWorkspace:
             raise UserError(f"{self.path} is not an EvoTrainer run (no run.yaml): create one with "
                             "`evotrainer init --domain D DIR`")
         try:
-            return RunConfig.model_validate(yaml.safe_load(self.config_path.read_text()))
+            return RunConfig.model_validate(yaml.safe_load(read_user_text(self.config_path, "run configuration")))
         except (yaml.YAMLError, ValidationError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise UserError(f"{self.config_path} is not a valid run configuration: {first}") from e

@@ -21,7 +21,7 @@ from evotrainer.base.config import BacktestConfig
 from evotrainer.base.errors import UserError
 from evotrainer.trainer.backtest.replay import gate_keys, score_in_child
 from evotrainer.trainer.backtest.results import Arm, ShortRunResult
-from evotrainer.trainer.backtest.statistics import Z_POWER, decide, paired_bootstrap, with_seed_spread
+from evotrainer.trainer.backtest.statistics import Z_POWER, backtest_interval, decide, paired_bootstrap
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.evidence import read_rollouts
 from evotrainer.trainer.reward_gates import CrossScore, cross_score, divergence_gate
@@ -175,15 +175,16 @@ def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thr
                 results[key] = fut.result()  # the first failure propagates: no partial result is reported
         seeds += new
         diffs = np.stack([results[("candidate", s)][1] - results[("control", s)][1] for s in seeds])
-        delta, lo, hi, se = paired_bootstrap(diffs, cfg.bootstrap)
-        lo, hi, se = with_seed_spread(delta, lo, hi, se, len(seeds), cfg.seed_sd)
+        delta, lo, hi, se, estimable = backtest_interval(diffs, cfg.bootstrap, cfg.seed_sd)
         cand_tags = [arm_tag(commit, s, cfg.steps) for s in seeds]  # exact: never a longer run's arms of the commit
         rep = health_report(bench.evidence, generation, branch, cand_dir, bench.path, tag=cand_tags,
                             thresholds=thresholds)
         cross, cand_rows = both_harnesses(bench.path, generation, branch, cand_dir, champ_dir, cand_tags,
                                           [arm_tag(champ_commit, s, cfg.steps) for s in seeds])
         findings = rep.findings + divergence_gate(cross, cand_rows, lo, thresholds)
-        note = (f"{len(seeds)} seeds x {cfg.steps} steps: {delta:+.3f} [{lo:+.3f}, {hi:+.3f}], MDE {Z_POWER * se:.3f}"
+        note = (f"{len(seeds)} seeds x {cfg.steps} steps: {delta:+.3f} "
+                + (f"[{lo:+.3f}, {hi:+.3f}], MDE {Z_POWER * se:.3f}" if estimable else
+                   "(interval not estimable: one seed and no training-seed spread configured)")
                 + (f" (one seed: a training-seed spread of {cfg.seed_sd:g} included)"
                    if len(seeds) == 1 and cfg.seed_sd else ""))
         stopped = decide(delta, lo, hi, len(seeds), cfg.max_seeds, sorted({f.analyzer for f in findings if f.gate}))
@@ -211,8 +212,8 @@ def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thr
     return ShortRunResult(
         steps=cfg.steps, seeds=seeds, dev_items=int(diffs.shape[1]), arms=all_arms,
         per_seed_delta=[float(d.mean()) for d in diffs], delta=delta, ci_low=lo, ci_high=hi, se=se,
-        mde=Z_POWER * se, train_reward_delta=float(np.mean([a.train_reward for a in cand]) -
-                                                   np.mean([a.train_reward for a in ctrl])),
+        mde=min(Z_POWER * se, 1.0) if estimable else 1.0, estimable=estimable,
+        train_reward_delta=float(np.mean([a.train_reward for a in cand]) - np.mean([a.train_reward for a in ctrl])),
         train_correct_delta=float(np.mean([a.train_correct for a in cand]) - np.mean([a.train_correct for a in ctrl])),
         findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
         control_gates=sorted(set(ctrl_rep.failed_gates)), control_gate_keys=sorted(gate_keys(ctrl_rep.findings)),

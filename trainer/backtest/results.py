@@ -34,7 +34,8 @@ class ShortRunResult(BaseModel):
     ci_low: float
     ci_high: float
     se: float
-    mde: float  # minimum detectable effect at 80% power for this budget
+    mde: float  # minimum detectable effect at 80% power for this budget (1.0: nothing is detectable)
+    estimable: bool = True  # False: one seed and no training-seed spread, so ci_low/ci_high are the whole [-1, +1]
     train_reward_delta: float
     train_correct_delta: float
     findings: list[Finding]  # the candidate's own evidence, champion thresholds, its own analyzers included
@@ -103,8 +104,9 @@ class BacktestResult(BaseModel):
                       f"Budget: {len(s.seeds)} seeds x {s.steps} steps per arm, {s.dev_items} sealed dev items; "
                       f"{s.seconds:.0f} s ({s.seconds_per_arm:.0f} s per arm).", "",
                       f"Dev accuracy, candidate minus control: **{s.delta:+.3f}** "
-                      f"(95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}], minimum detectable effect {s.mde:.3f}); "
-                      f"per seed {', '.join(f'{d:+.3f}' for d in s.per_seed_delta)}.",
+                      + (f"(95% CI [{s.ci_low:+.3f}, {s.ci_high:+.3f}], minimum detectable effect {s.mde:.3f}); "
+                         if s.estimable else "(no interval: one seed and no training-seed spread, not estimable); ")
+                      + f"per seed {', '.join(f'{d:+.3f}' for d in s.per_seed_delta)}.",
                       f"Train reward delta {s.train_reward_delta:+.3f}; train correct delta "
                       f"{s.train_correct_delta:+.3f}. Stopped: {s.stopped}.", ""]
             if s.cross:

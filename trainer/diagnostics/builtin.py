@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -290,14 +291,27 @@ def unpaid_correct(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
 @analyzer("solve_rate_by_difficulty", too_easy=0.95, too_hard=0.02)
 def solve_rate_by_difficulty(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     """Sealed solve rate per difficulty level: levels almost always solved waste compute, levels never solved
-    give no signal; both become dead groups. A curriculum or a data filter acts on this."""
+    give no signal; both become dead groups. A curriculum or a data filter acts on this.
+
+    A rate is judged only on enough rollouts of the level: n >= 3 / threshold (the rule of three: with no solve in
+    n rollouts the 95% upper bound of the rate is 3/n), so 150 for "below 2%", 60 for "above 95%"; a level that
+    looks beyond a threshold on fewer is reported as info, saying how many it would need."""
     out = []
     rates = r.groupby("difficulty")["correct"].mean()
-    share = r.groupby("difficulty").size() / len(r)
+    counts = r.groupby("difficulty").size()
+    share = counts / len(r)
     for level, rate in rates.items():
-        for kind, cond, thr in (("too easy", rate > t["too_easy"], t["too_easy"]),
-                                ("too hard", rate < t["too_hard"], t["too_hard"])):
-            if cond:
+        for kind, cond, thr, margin in (("too easy", rate > t["too_easy"], t["too_easy"], 1 - t["too_easy"]),
+                                        ("too hard", rate < t["too_hard"], t["too_hard"], t["too_hard"])):
+            need = math.ceil(3 / margin)
+            if cond and counts[level] < need:
+                side = "above" if kind == "too easy" else "below"
+                out.append(Finding(analyzer="solve_rate_by_difficulty", metric=f"solve_rate_d{level}",
+                                   value=float(rate), threshold=thr, severity="info",
+                                   message=f"difficulty {level}: solve rate {rate:.0%} on only {counts[level]} "
+                                           f"rollouts, too few to judge it {side} {thr:.0%} (needs {need})",
+                                   evidence=[]))
+            elif cond:
                 rows = r[r["difficulty"] == level]
                 out.append(Finding(analyzer="solve_rate_by_difficulty", metric=f"solve_rate_d{level}",
                                    value=float(rate), threshold=thr, severity="warning" if kind == "too hard"

@@ -8,6 +8,7 @@ harness code can add a finding, never remove or change a built-in one.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -54,6 +55,10 @@ def evidence_root(path: str | Path) -> Path:
     for candidate in (path / "evidence", path):
         if candidate.is_dir() and any(candidate.glob("g*/*/rollouts-*.parquet")):
             return candidate
+    if any(path.glob("rollouts-*.parquet")) and re.fullmatch(r"g\d+", path.parent.name):  # one slice of it
+        run = path.parent.parent.parent
+        raise UserError(f"{path} is one slice of the evidence under {path.parent.parent}: diagnose it with "
+                        f"`evotrainer diagnose {run} --generation {path.parent.name[1:]} --branch {path.name}`")
     raise UserError(f"no rollout evidence under {path}: pass a run directory, a `train --out` directory or "
                     "its evidence/ folder")
 
