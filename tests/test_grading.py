@@ -107,7 +107,7 @@ def test_a_null_or_absent_completion_is_missing_not_graded(code, he, tmp_path):
 
 def test_a_file_of_only_null_completions_is_refused(code, he, tmp_path):
     path = write(tmp_path / "empty.jsonl", [{"task_id": he[0].id, "completion": None}])
-    with pytest.raises(UserError, match="holds no completions .1 records have a null or no completion"):
+    with pytest.raises(UserError, match="holds no completions .1 record has a null or no completion"):
         grade_completions(code, "humaneval", path, allow_partial=True)
 
 

