@@ -121,7 +121,10 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option(help="first N items only")] = None,
     completions: Annotated[Path | None, typer.Option(
         help="grade these completions instead of generating: JSON lines {task_id, completion} (HumanEval's "
-             "samples format), e.g. from a real model served elsewhere")] = None,
+             "samples format), e.g. from a real model served elsewhere; per-sample results go to FILE_results.jsonl")]
+    = None,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="with --completions: grade a file that covers "
+                                                "only some of the split's tasks (pass@1 over those)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Sealed evaluation of a checkpoint (greedy accuracy and avg@k), or of a file of completions."""
@@ -134,10 +137,12 @@ def eval_cmd(
         raise UserError(f"unknown split {split!r}: sealed evaluation of domain {domain!r} runs on {', '.join(splits)}")
     if (checkpoint is None) == (completions is None):
         raise UserError("pass exactly one of --checkpoint DIR (generate and grade) or --completions FILE (grade)")
+    if allow_partial and completions is None:
+        raise UserError("--allow-partial applies to grading a file: pass it with --completions FILE")
     if completions is not None:
-        from evotrainer.trainer.evaluate import grade_completions
+        from evotrainer.trainer.grading import grade_completions
 
-        summary = grade_completions(dom, split, completions)
+        summary = grade_completions(dom, split, completions, allow_partial)
     else:
         with progress_display(not as_json) as feed:
             res = jobs.evaluate(checkpoint, domain, split, _work_dir(), k=k, limit=limit,

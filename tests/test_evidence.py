@@ -54,6 +54,16 @@ def test_exact_tags_never_pool_a_longer_run_of_the_same_commit(tmp_path):
     assert read_rollouts(tmp_path, 1, "cand/g1-x", ["abc12345-s0-k50"]).column("step").to_pylist() == [50, 50]
 
 
+def test_a_column_missing_from_the_first_row_is_kept(tmp_path):
+    """A key that appears only in later rows (a metric TRL logs from some step on) is a column, None before it."""
+    w = EvidenceWriter(tmp_path, 0, "main")
+    w.add_step({"step": 1, "reward": 0.1})
+    w.add_step({"step": 2, "reward": 0.2, "kl": 0.05})
+    w.flush(2)
+    assert read_steps(tmp_path).to_pylist() == [{"step": 1, "reward": 0.1, "kl": None},
+                                                {"step": 2, "reward": 0.2, "kl": 0.05}]
+
+
 def test_missing_columns_are_refused(tmp_path):
     w = EvidenceWriter(tmp_path, 0, "main")
     w.add_rollouts([{"rollout_id": "x"}])

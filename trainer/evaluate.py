@@ -125,44 +125,6 @@ def evaluate(spec: EvalSpec) -> EvalResult:
     )
 
 
-def grade_completions(domain, split: str, path: Path) -> dict:
-    """Sealed grades of a JSON-lines file of {task_id, completion} on `split` (several samples per task allowed):
-    accuracy over all samples and pass@1 per task, after the fingerprint check. Programs run in the sandbox."""
-    from evotrainer.trainer.domains import grade_all
-
-    fp = check_sealed(domain)
-    tasks = {t.id: t for t in domain.tasks(split)}
-    if not Path(path).is_file():
-        raise UserError(f"completions file {path} not found: pass a JSON-lines file of {{task_id, completion}}")
-    samples = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            samples.append((tasks[row["task_id"]], str(row["completion"])))
-        except (ValueError, KeyError, TypeError) as e:
-            raise UserError(f"{path}:{n}: expected {{\"task_id\": <an id of the {split} split>, \"completion\": "
-                            f"\"...\"}} ({type(e).__name__}: {e})") from e
-    if not samples:
-        raise UserError(f"{path} holds no completions")
-    started = time.time()
-    grades = grade_all(domain, [c for _, c in samples], [t.answer for t, _ in samples], [t.fmt for t, _ in samples],
-                       [t.prompt for t, _ in samples])
-    per_task: dict[str, list[bool]] = {}
-    for (t, _), g in zip(samples, grades):
-        per_task.setdefault(t.id, []).append(g.correct)
-    statuses: dict[str, int] = {}
-    for g in grades:
-        key = g.columns.get("exec_status", "graded")
-        statuses[key] = statuses.get(key, 0) + 1
-    accuracy = sum(g.correct for g in grades) / len(grades)
-    return {"domain": domain.name, "split": split, "completions": str(path), "n_samples": len(samples),
-            "n_tasks": len(per_task), "n_split_tasks": len(tasks), "accuracy": accuracy,
-            "pass@1": sum(sum(v) / len(v) for v in per_task.values()) / len(per_task), "statuses": statuses,
-            "fingerprint": fp, "seconds": round(time.time() - started, 2)}
-
-
 if __name__ == "__main__":  # `python -m evotrainer.trainer.evaluate SPEC.json` (jobs.evaluate)
     from evotrainer.trainer.sandbox import serve_spec
 
