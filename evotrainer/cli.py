@@ -537,7 +537,8 @@ def resume(
 
 @app.command()
 def compare(
-    domain: Annotated[str | None, typer.Option(help="math or code (default: math, or the domain --harness names)")]
+    domain: Annotated[str | None, typer.Option(help="math, code or swe (default: math, or the domain --harness "
+                                                      "names)")]
     = None,
     harness: Annotated[Path | None, typer.Option(help="starting harness of every arm (default: the domain's "
                                                       "template); `reference` is it never evolved")] = None,

@@ -281,3 +281,9 @@ def test_a_budget_fixes_only_the_loop_settings_it_names():
     assert loop_config("swe", smoke).train_steps == 2 and loop_config("swe", smoke).backtest.steps == 2
     # a domain default the override leaves alone, section by section
     assert loop_config("swe", {"backtest": {"seeds": 3}}).backtest.dev_items == 200
+    # an SWE comparison's sealed test plays one sampled episode per item besides the greedy one, never more
+    from evotrainer.compare.arms import budget_for
+
+    assert budget_for("default", "swe").k == 1 and budget_for("default", "math") == BUDGETS["default"]
+    assert budget_for("smoke", "swe").k == 1 and budget_for("smoke", "swe").generations == 1
+    assert BUDGETS["default"].k == 4  # the table itself is left as it was

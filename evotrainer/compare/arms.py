@@ -27,7 +27,7 @@ LOOPS: dict[str, dict[str, bool]] = {  # LoopConfig switches
 }
 SEARCHES = ("hpo",)  # hyperparameter search over the template's recipe at the EvoTrainer arm's compute (hpo.py)
 ARMS = ("evotrainer", *STATIC, *SEARCHES, *[a for a in LOOPS if a != "evotrainer"])
-DOMAINS = ("math", "code")
+DOMAINS = ("math", "code", "swe")
 
 
 class CompareBudget(BaseModel):
@@ -63,6 +63,18 @@ BUDGETS = {
     "smoke": CompareBudget(generations=1, candidates=1, train_steps=2, backtest_steps=2, short_seeds=1, max_seeds=1,
                     dev_items=40, test_items=60, k=2),
 }
+
+
+# per domain, what a budget's sealed test costs: an SWE test item is an episode played against its repository (400 of
+# them, ~0.3 s each), so its test is the resolve rate of one greedy and one sampled episode (avg@1), not avg@4
+DOMAIN_BUDGET: dict[str, dict[str, object]] = {"swe": {"k": 1}}
+
+
+def budget_for(name: str, domain: str) -> CompareBudget:
+    """The budget `name` as the comparison of `domain` runs it."""
+    budget = BUDGETS[name]
+    over = {k: v for k, v in DOMAIN_BUDGET.get(domain, {}).items() if k != "k" or budget.k > v}
+    return budget.model_copy(update=over)
 
 
 def line_steps(checkpoint: Path, since: Path | None = None) -> int:

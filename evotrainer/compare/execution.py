@@ -20,6 +20,7 @@ from evotrainer.compare.arms import (
     LOOPS,
     SEARCHES,
     CompareBudget,
+    budget_for,
     line_steps,
     static_harness,
 )
@@ -319,5 +320,5 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
         request |= {"harness": start_harness.digest, "harness_path": str(start_harness.path)}
     check_request(out, request)
     start = checkpoint.resolve() if checkpoint else jobs.warm_policy(domain, 0, out, on_progress=on_progress)
-    return Compare(out, start_harness, list(range(seeds)), arms, BUDGETS[budget_name], budget_name, start, command,
-                   status).run()
+    return Compare(out, start_harness, list(range(seeds)), arms, budget_for(budget_name, domain), budget_name, start,
+                   command, status).run()

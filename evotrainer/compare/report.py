@@ -54,7 +54,9 @@ def markdown(c: Comparison) -> str:
              f"policy {Path(c.start_checkpoint).name} and the harness {c.harness or 'templates/' + c.domain}"
              + (f" (digest {c.harness_digest})" if c.harness_digest else "") + ". Sealed test: "
              f"{len(c.cells[0].item_ids) if c.cells else 0} items, greedy and avg@{k}. Intervals: 95%, two-level "
-             "bootstrap over seeds and items; ± is the interval's half-width.", ""]
+             "bootstrap over seeds and items; ± is the interval's half-width."
+             + (" Accuracy here is the resolve rate: episodes whose submitted repository passes the hidden tests."
+                if c.domain == "swe" else ""), ""]
     if headline(c):
         lines += [headline(c), ""]
     if c.start_accuracy is not None:
