@@ -19,8 +19,18 @@ from pathlib import Path
 
 from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
 from evotrainer.agents.critic import choose, judge
+from evotrainer.agents.meta_policy import MetaPolicy
 from evotrainer.agents.offline.catalog import CATALOG
-from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample, VerdictRecord
+from evotrainer.agents.schemas import (
+    CodeInput,
+    CritiqueInput,
+    DiagnoseInput,
+    LineageEntry,
+    PlanInput,
+    ReviseInput,
+    Sample,
+    VerdictRecord,
+)
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
@@ -38,7 +48,7 @@ SAMPLES = 6
 
 
 class Loop:
-    def __init__(self, ws: RunWorkspace, meta, store: SkillStore, events: EventLog,
+    def __init__(self, ws: RunWorkspace, meta: MetaPolicy, store: SkillStore, events: EventLog,
                  feed: Callable[[str], Callable[[dict], None]] | None = None,
                  status: Callable[[str], None] | None = None):
         self.ws, self.cfg, self.meta, self.store, self.events = ws, ws.config(), meta, store, events
@@ -65,7 +75,7 @@ class Loop:
 
     def meta_dollars(self) -> float:
         """The meta-policy's spend in this process (the offline one spends nothing)."""
-        return float(getattr(self.meta, "dollars", 0.0))
+        return float(self.meta.dollars)
 
     def champion_dir(self) -> Path:
         """A snapshot of the champion harness (training and agents read it; nobody edits it)."""
@@ -238,7 +248,7 @@ class Loop:
                 try:
                     repo.reset_worktree(tree)
                     result = self.meta.code(CodeInput(intervention=iv, files=files, findings=state.findings,
-                                                      error=error, attempt=attempt))
+                                                      diagnosis=state.diagnosis, error=error, attempt=attempt))
                     changed = apply_edits(files, result.edits)
                     repo.write_files(tree, changed)
                 except (EditFailed, UserError, ValueError) as e:
@@ -303,7 +313,8 @@ class Loop:
                 if self.cfg.loop.skill_memory else None
             v = judge(iv, bt, self.rule, cand.error, prior)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
-            verdicts.append(self.meta.critique(v, cand.intervention, bt))
+            verdicts.append(self.meta.critique(CritiqueInput(verdict=v, intervention=iv, backtest=bt,
+                                                             findings=state.findings)))
         verdicts = choose(verdicts, self.rule)
         out = []
         for cand, v in zip(state.candidates, verdicts):
@@ -353,12 +364,19 @@ class Loop:
 
     # -- revise diagnostics --------------------------------------------------------------------
     def revise_diagnostics(self, state: LoopState) -> dict:
-        """A new divergence gate for the component that rose without dev, kept only if history agrees."""
+        """A new analyzer for the component that rose without dev, kept only if history agrees: it flags the branch
+        that asked for it and no promoted one."""
         g, ws = state.generation, self.ws
         branch = state.revise[0]
         cand = next(c for c in state.candidates if c.branch == branch)
         culprit = self._culprit(cand, g)
-        change = self.meta.revision(harness_files(self.champion_dir()), culprit)
+        change = self.meta.revision(ReviseInput(branch=branch, culprit=culprit, intervention=cand.intervention,
+                                                verdict=cand.verdict, backtest=cand.backtest, findings=state.findings,
+                                                files=harness_files(self.champion_dir())))
+        if change is None:
+            self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=None, committed=False,
+                             reason=f"{self.meta.label} proposed no analyzer")
+            return {"revised": None}
         path = next(iter(change.files))
         aid = Path(path).stem
         if (ws.path / "harness" / path).is_file():
