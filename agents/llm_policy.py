@@ -6,8 +6,8 @@ What the LLM may not decide is decided in code, as for the offline policy: the P
 the Planners' one filter (`agents/planner.py::admissible`); a catalog transform the Planner picks is written by
 the catalog (`coder.catalog_edits`), exactly as the offline policy writes it; the Coder's edits go through
 `apply_edits` and the sandboxed validation; the Critic's verdict is capped by the promotion rule
-(`merge_llm_verdict`). Diagnostics revision is the offline one (a divergence gate), validated on history by the
-loop before it reaches the champion.
+(`merge_llm_verdict`); an analyzer the Coder writes for diagnostics revision is one new `diagnostics/<id>.py`,
+validated on history by the loop before it reaches the champion.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evotrainer.agents.coder import catalog_edits
+from evotrainer.agents.coder import EditFailed, apply_edits, catalog_edits
 from evotrainer.agents.critic import merge_llm_verdict
 from evotrainer.agents.llm import LLMClient, LLMError
-from evotrainer.agents.offline.catalog import CATALOG, Change, apply, divergence_gate_change
+from evotrainer.agents.offline.catalog import CATALOG, Change, apply
 from evotrainer.agents.planner import admissible
 from evotrainer.agents.schemas import (
     CodeInput,
@@ -30,6 +30,7 @@ from evotrainer.agents.schemas import (
     CritiqueInput,
     DiagnoseInput,
     Diagnosis,
+    ExpectedEffect,
     Plan,
     PlanInput,
     ReviseInput,
@@ -37,9 +38,11 @@ from evotrainer.agents.schemas import (
     Verdict,
 )
 from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.evidence import ROLLOUT_SCHEMA, STEP_SCHEMA
 from evotrainer.workspaces.repo import slugify
 
 PROMPTS = Path(__file__).parent / "prompts"
+REVISION_ATTEMPTS = 2  # the Coder's analyzer, then one repair round with the reason it was refused
 
 
 def _system(prompt: str, schema: type[BaseModel]) -> str:
@@ -205,5 +208,51 @@ class LLMPolicy:
         return merge_llm_verdict(verdict, out.model_copy(update={"branch": verdict.branch}))
 
     def revision(self, inp: ReviseInput) -> Change | None:
-        """Diagnostics revision: the offline one for now (a divergence gate on the term that rose without dev)."""
-        return divergence_gate_change(inp.culprit)
+        """A new analyzer written by the LLM Coder for what no analyzer flagged on `inp.branch`: one new
+        `diagnostics/<id>.py` that registers `<id>`, refused here otherwise (one repair round with the reason). None
+        when the Coder gives none; the loop then records no revision. It is harness code: it runs only in the
+        isolated child that validates it on history."""
+        s = inp.backtest.short_run if inp.backtest else None
+        anomaly = {"branch": inp.branch, "intervention": inp.intervention.model_dump(mode="json"),
+                   "verdict": inp.verdict.model_dump(mode="json") if inp.verdict else None,
+                   "reward_term_that_rose": inp.culprit,
+                   "short_run": s.model_dump(mode="json", include={"delta", "ci_low", "ci_high", "train_reward_delta",
+                                                                  "train_correct_delta", "cross"}) if s else None}
+        columns = [f.name for f in ROLLOUT_SCHEMA] + ["reward_<component>"]
+        user = "\n\n".join([
+            f"The anomaly no analyzer flagged: {json.dumps(anomaly)}",
+            "The candidate's own short-run findings:\n" + (_findings(s.findings) if s else "none"),
+            "The champion line's health report:\n" + _findings(inp.findings),
+            f"Rollout columns: {json.dumps(columns)}. Step columns: {json.dumps([f.name for f in STEP_SCHEMA])}.",
+            "Champion harness files:\n" + _files(inp.files),
+        ])
+        error = ""
+        for attempt in range(REVISION_ATTEMPTS):
+            ask = user + (f"\n\nYour previous analyzer was refused: {error}" if error else "")
+            try:
+                out, _ = self.client.structured("coder", _system("analyzer", CodeResult), ask, CodeResult)
+                return self._analyzer(inp, out)
+            except LLMError as e:
+                error = str(e)
+                break
+            except EditFailed as e:
+                error = str(e)
+                self._note("coder", {"kind": "repair", "agent": "coder", "attempt": attempt + 1, "error": error})
+        self._note("coder", {"kind": "revision_failed", "agent": "coder", "branch": inp.branch, "error": error})
+        return None
+
+    @staticmethod
+    def _analyzer(inp: ReviseInput, out: CodeResult) -> Change:
+        """The Coder's reply as one new analyzer file, or EditFailed saying why not."""
+        changed = apply_edits(inp.files, out.edits)
+        path = next(iter(changed))
+        aid = Path(path).stem
+        if len(changed) != 1 or not path.startswith("diagnostics/") or path in inp.files:
+            raise EditFailed(f"a revision adds exactly one new file diagnostics/<id>.py and changes nothing else "
+                             f"(got {', '.join(sorted(changed))})")
+        if not aid.isidentifier() or not any(f"@analyzer({q}{aid}{q}" in changed[path] for q in "\"'"):
+            raise EditFailed(f"{path} must register its analyzer under the file's name: @analyzer(\"{aid}\", ...)")
+        return Change(files=changed, change=out.message,
+                      hypothesis=f"If {aid} had run, {inp.branch} would have been flagged before its verdict, and no "
+                                 "promoted branch would have been.",
+                      expected=ExpectedEffect(metric="missed_gates", direction="down", size=1))

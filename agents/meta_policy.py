@@ -23,7 +23,8 @@ What each agent is given: one input model per agent (`agents/schemas.py`), fille
   it and its verdict is capped by the rule (`critic.merge_llm_verdict`).
 - Diagnostics revision, `revision(ReviseInput) -> Change | None`, node revise_diagnostics. Given: the judged branch,
   the reward term that rose without dev, its intervention, verdict and backtest, the champion's findings and files.
-  Both read the term (a divergence gate on it).
+  Offline reads the term (a divergence gate on it); the LLM is sent all of it and its Coder writes one new
+  `diagnostics/<id>.py`.
 
 Decided in code for both policies, never by a model: the plan's filter (`agents/planner.py::admissible`: untried
 factors, no change memory records as negative under the same diagnosis, one per factor, K at most); a catalog

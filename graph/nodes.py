@@ -12,6 +12,7 @@ Rollout text reaches agents only inside `Sample` objects, quoted as data.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -364,10 +365,15 @@ class Loop:
 
     # -- revise diagnostics --------------------------------------------------------------------
     def revise_diagnostics(self, state: LoopState) -> dict:
-        """A new analyzer for the component that rose without dev, kept only if history agrees: it flags the branch
-        that asked for it and no promoted one."""
+        """A new analyzer for the component that rose without dev (offline: a divergence gate; a meta-LLM's Coder
+        writes its own), kept only if history agrees: it flags the branch that asked for it and no promoted one."""
         g, ws = state.generation, self.ws
         branch = state.revise[0]
+        report = ws.path / "reports" / f"revision-g{g}.json"
+        if report.is_file():  # re-entered after a kill: decided already (an LLM would write another analyzer)
+            done = json.loads(report.read_text())
+            if not done["committed"] or (ws.path / "harness" / "diagnostics" / f"{done['analyzer']}.py").is_file():
+                return {"revised": done["analyzer"] if done["committed"] else None}
         cand = next(c for c in state.candidates if c.branch == branch)
         culprit = self._culprit(cand, g)
         change = self.meta.revision(ReviseInput(branch=branch, culprit=culprit, intervention=cand.intervention,
@@ -382,7 +388,8 @@ class Loop:
         if (ws.path / "harness" / path).is_file():
             return {"revised": aid}
         trial = ws.path / "backtests" / f"revision-g{g}"
-        trial.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(trial, ignore_errors=True)  # an earlier try's analyzer would be imported beside this one
+        trial.mkdir(parents=True)
         for rel, text in {**harness_files(self.champion_dir()), **change.files}.items():
             atomic_write_text(trial / rel, text)
         try:
@@ -393,7 +400,7 @@ class Loop:
             return {"revised": None}
         flags = {s.branch: s.flagged for s in val.slices}
         keep = flags.get(branch, False) and val.false_alarms == 0
-        atomic_write_text(ws.path / "reports" / f"revision-g{g}.json", json.dumps(
+        atomic_write_text(report, json.dumps(
             {"analyzer": aid, "culprit": culprit, "branch": branch, "committed": keep, **val.model_dump()}, indent=2))
         self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=aid, committed=keep,
                          recall=val.recall, false_alarms=val.false_alarms)

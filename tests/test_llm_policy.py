@@ -1,7 +1,8 @@
 """`LLMPolicy` inside the loop's nodes, against a real local HTTP server speaking the OpenAI API with scripted replies
 (the requests it received are what the assertions read): the Coder and the Critic are sent the findings, the
 diagnosis and both arms' health; a catalog pick is committed exactly as `catalog.apply` writes it and no Coder is
-asked for it; both policies drop the same interventions (one filter)."""
+asked for it; both policies drop the same interventions (one filter); an analyzer the LLM writes for diagnostics
+revision is validated on history before it is committed, and refused when it flags a promoted branch."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from evotrainer.agents.coder import harness_files
 from evotrainer.agents.llm import LLMClient
 from evotrainer.agents.llm_policy import LLMPolicy
 from evotrainer.agents.meta_policy import MetaPolicy
-from evotrainer.agents.offline.catalog import apply
+from evotrainer.agents.offline.catalog import CATALOG, apply
 from evotrainer.agents.offline.policy import OfflinePolicy
-from evotrainer.agents.schemas import Diagnosis, Intervention, PlanInput
+from evotrainer.agents.schemas import Diagnosis, Intervention, PlanInput, Verdict
 from evotrainer.graph.events import EventLog
 from evotrainer.graph.nodes import Loop
 from evotrainer.graph.state import CandidateState, LoopState
@@ -29,6 +30,7 @@ from evotrainer.memory.skill import Skill, Trigger
 from evotrainer.memory.store import Hit, SkillStore
 from evotrainer.trainer.backtest import Agreement, Arm, BacktestResult, Distribution, ReplayResult, ShortRunResult
 from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.evidence import EvidenceWriter
 from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import chat_completion, send_json
@@ -177,3 +179,86 @@ def test_a_catalog_pick_is_applied_exactly_and_both_policies_filter_alike(tmp_pa
     assert _git(ws, "diff", "--name-only", "main", cand.commit).split() == sorted(change.files)
     assert {p: _git(ws, "show", f"{cand.commit}:{p}") for p in change.files} == change.files
     assert "catalog transform temperature, planned by meta-LLM" in _git(ws, "log", "-1", "--format=%s", cand.commit)
+
+
+def _rows(branch: str, brevity: float) -> list[dict]:
+    """Rollouts of one judged branch: its `reward_brevity` level is what the scripted analyzer reads."""
+    rows = []
+    for step in (1, 2, 3):
+        for i in range(8):
+            ok = i % 2 == 0
+            rows.append(dict(rollout_id=f"r/g1/{branch}/{step}:0:{i}", run="r", generation=1, branch=branch,
+                             harness_commit="", checkpoint="policy", step=step, prompt_id=f"p{step}",
+                             group_id=f"{step}:0", sample_idx=i, difficulty=1, prompt="1+1=", completion="2",
+                             completion_ids=[50], task="{}", n_tokens=1, truncated=False, reward=float(ok) + brevity,
+                             advantage=0.0, loss_masked=False, correct=ok, formatted=True, mean_logprob=-0.5,
+                             reward_correctness=float(ok), reward_brevity=brevity))
+    return rows
+
+
+def _analyzer(level: float) -> dict:
+    """The Coder's reply for diagnostics revision: one new analyzer flagging a brevity pay above `level`."""
+    src = ("from evotrainer.trainer.diagnostics import Finding, analyzer\n\n\n"
+           f"@analyzer(\"brevity_pay\", level={level})\n"
+           "def brevity_pay(rollouts, steps, thresholds):\n"
+           "    \"\"\"Brevity paid above `level` on average, whatever the sealed grade.\"\"\"\n"
+           "    if \"reward_brevity\" not in rollouts:\n"
+           "        return []\n"
+           "    value = float(rollouts[\"reward_brevity\"].mean())\n"
+           "    if value <= thresholds[\"level\"]:\n"
+           "        return []\n"
+           "    return [Finding(analyzer=\"brevity_pay\", metric=\"brevity_mean\", value=value,\n"
+           "                    threshold=thresholds[\"level\"], severity=\"critical\", gate=True,\n"
+           "                    message=\"brevity paid regardless of correctness\")]\n")
+    return {"message": "gate brevity pay", "edits": [{"path": "diagnostics/brevity_pay.py", "search": None,
+                                                       "replace": src}]}
+
+
+@pytest.mark.parametrize("level", [0.5, 0.05], ids=["kept", "flags-the-promoted-branch"])
+def test_an_llm_written_analyzer_is_validated_on_history_before_it_is_committed(tmp_path, level):
+    """Two judged branches: a promoted one whose rollouts earn little brevity pay and a rejected one (the revision's
+    trigger) that earns much. The Coder's first reply also edits rewards.py and is refused in the policy (a revision
+    adds one analyzer, nothing else); its second is replayed over history in the sandbox and committed only when it
+    flags the rejected branch and not the promoted one. Re-entered after that, the node asks for no other one."""
+    bad = {"message": "x", "edits": [_analyzer(level)["edits"][0], {"path": "rewards.py", "search": None,
+                                                                     "replace": "# emptied\n"}]}
+    with scripted({"coder": [bad, _analyzer(level)]}) as (url, seen):
+        loop, ws, _ = _loop(tmp_path, url)
+        repo, files = ws.harness, harness_files(ws.path / "harness")
+        judged = {}
+        for tid, brevity in (("temperature", 0.1), ("loss_type", 0.9)):
+            branch, tree = repo.create_candidate(1, tid, ws.path / "worktrees")
+            change = apply(tid, files, [])
+            repo.write_files(tree, change.files)
+            repo.commit(tree, tid, intervention_id=f"g1-{tid}", hypothesis="h", factor=CATALOG[tid].factor,
+                        generation=1, paths=list(change.files))
+            w = EvidenceWriter(ws.path / "evidence", 1, branch)
+            w.add_rollouts(_rows(branch, brevity))
+            w.add_step({"step": 3, "reward": 0.5})
+            w.flush(3)
+            judged[tid] = branch
+        repo.promote(judged["temperature"], 1, {"decision": "promote"})
+        repo.reject(judged["loss_type"], 1, "train reward rose without dev", {"decision": "revise"})
+        head = repo.head("main")
+        iv = Intervention(id="g1-loss_type", hypothesis="h", factor=CATALOG["loss_type"].factor, change="loss")
+        cand = CandidateState(intervention=iv, branch=judged["loss_type"],
+                              verdict=Verdict(branch=judged["loss_type"], decision="revise"))
+        state = LoopState(findings=FINDINGS, revise=[cand.branch], candidates=[cand])
+        out = loop.revise_diagnostics(state)
+        asked = len(seen)
+        assert loop.revise_diagnostics(state) == out and len(seen) == asked  # re-entered: decided, no new analyzer
+    coder = [user for agent, user in seen if agent == "coder"]
+    assert len(coder) == 2 and "adds exactly one new file" in coder[1] and judged["loss_type"] in coder[0]
+    report = json.loads((ws.path / "reports" / "revision-g1.json").read_text())
+    flagged = {s["branch"]: s["flagged"] for s in report["slices"]}
+    assert flagged[judged["loss_type"]] and report["analyzer"] == "brevity_pay"
+    decision = [e for e in loop.events.read() if e.get("node") == "revise_diagnostics"][-1]
+    if level == 0.5:
+        assert out == {"revised": "brevity_pay"} and report["committed"] and report["false_alarms"] == 0
+        assert _git(ws, "show", "main:diagnostics/brevity_pay.py") == _analyzer(level)["edits"][0]["replace"]
+        assert "validated on history" in _git(ws, "log", "-1", "--format=%s", "main")
+    else:  # it flags the promoted branch too: refused, the champion unchanged
+        assert out == {"revised": None} and not report["committed"] and report["false_alarms"] == 1
+        assert flagged[judged["temperature"]] and repo.head("main") == head
+        assert not (ws.path / "harness" / "diagnostics" / "brevity_pay.py").exists()
+    assert decision["committed"] == (level == 0.5)
