@@ -32,7 +32,8 @@ class Intervention(BaseModel):
     change: str = Field(description="what is edited, in words")
     target_files: list[str] = Field(default_factory=list)
     expected: ExpectedEffect = Field(default_factory=ExpectedEffect)
-    transform: str | None = Field(None, description="the offline catalog transform that implements it, if any")
+    transform: str | None = Field(None, description="the catalog transform that implements it (the catalog writes the "
+                                                    "edit, in either policy), or null for a free-form edit")
     sources: list[str] = Field(default_factory=list, description="finding ids (analyzer:metric) and skill ids")
 
 
