@@ -1,14 +1,17 @@
 """Applying the Coder's edits to a candidate's files (search/replace blocks or whole files).
 
 The same function serves the LLM Coder and the offline one. An edit that cannot be applied exactly is one
-`EditFailed` sentence that goes back to the Coder as the error of its repair round.
+`EditFailed` sentence that goes back to the Coder as the error of its repair round. An intervention that names a
+catalog transform is written by the catalog (`catalog_edits`), whichever policy planned it: the same files, byte
+for byte.
 """
 
 from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from evotrainer.agents.schemas import Edit
+from evotrainer.agents.offline.catalog import CATALOG, apply
+from evotrainer.agents.schemas import CodeInput, CodeResult, Edit
 
 # what a harness may contain (DESIGN §4); anything else is refused before it reaches the worktree
 HARNESS_FILES = ("harness.yaml", "rewards.py", "filters.py", "env.py")
@@ -55,3 +58,14 @@ def apply_edits(files: dict[str, str], edits: list[Edit]) -> dict[str, str]:
     if not changed:
         raise EditFailed("the edits change nothing: the intervention must change at least one harness file")
     return changed
+
+
+def catalog_edits(inp: CodeInput, author: str) -> CodeResult:
+    """The intervention's catalog transform as whole files, exactly as `catalog.apply` writes them. Deterministic: a
+    transform that does not apply fails every repair round the same way (the candidate is rejected with the reason)."""
+    tid = inp.intervention.transform
+    change = apply(tid, inp.files, inp.findings) if tid in CATALOG else None
+    if change is None:
+        raise ValueError(f"transform {tid!r} does not apply to this harness")
+    return CodeResult(edits=[Edit(path=p, replace=text) for p, text in sorted(change.files.items())],
+                      message=f"{inp.intervention.change} [{author}]")

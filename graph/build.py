@@ -22,6 +22,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel
 
+from evotrainer.agents.meta_policy import MetaPolicy
 from evotrainer.agents.schemas import Bottleneck, ExpectedEffect
 from evotrainer.base.config import loop_config
 from evotrainer.base.errors import UserError
@@ -125,7 +126,7 @@ def summarize(ws: RunWorkspace, state: LoopState, meta_label: str, finished: boo
         history=list(hist))
 
 
-def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None = None,
+def drive(ws: RunWorkspace, meta: MetaPolicy, *, fresh: bool | None, feed: Callable | None = None,
           status: Callable[[str], None] | None = None) -> RunSummary:
     """Run the loop from its start (`fresh`) or from the last completed node (`fresh=False`), under the run's lock;
     `fresh=None` starts or resumes, whichever the run's graph checkpoint calls for."""
@@ -136,8 +137,8 @@ def drive(ws: RunWorkspace, meta, *, fresh: bool | None, feed: Callable | None =
     store = SkillStore(cfg.skills) if cfg.skills else SkillStore()
     with ws.lock():
         removed = ws.harness.prune_worktrees(ws.path / "worktrees")
-        if hasattr(meta, "attach"):  # a meta-LLM: transcripts in the run, every call's cost in the event log
-            meta.attach(ws.path, lambda agent, record: events.emit(record.pop("kind", "call"), **record))
+        # a meta-LLM's transcripts in the run, every call's cost in the event log (the offline policy has none)
+        meta.attach(ws.path, lambda agent, record: events.emit(record.pop("kind", "call"), **record))
         loop = Loop(ws, meta, store, events, feed=feed, status=status)
         saver = checkpointer(ws.path / "graph.sqlite")
         try:

@@ -12,6 +12,7 @@ Rollout text reaches agents only inside `Sample` objects, quoted as data.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -19,8 +20,18 @@ from pathlib import Path
 
 from evotrainer.agents.coder import EditFailed, apply_edits, harness_files
 from evotrainer.agents.critic import choose, judge
+from evotrainer.agents.meta_policy import MetaPolicy
 from evotrainer.agents.offline.catalog import CATALOG
-from evotrainer.agents.schemas import CodeInput, DiagnoseInput, LineageEntry, PlanInput, Sample, VerdictRecord
+from evotrainer.agents.schemas import (
+    CodeInput,
+    CritiqueInput,
+    DiagnoseInput,
+    LineageEntry,
+    PlanInput,
+    ReviseInput,
+    Sample,
+    VerdictRecord,
+)
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
 from evotrainer.graph.events import EventLog
@@ -38,7 +49,7 @@ SAMPLES = 6
 
 
 class Loop:
-    def __init__(self, ws: RunWorkspace, meta, store: SkillStore, events: EventLog,
+    def __init__(self, ws: RunWorkspace, meta: MetaPolicy, store: SkillStore, events: EventLog,
                  feed: Callable[[str], Callable[[dict], None]] | None = None,
                  status: Callable[[str], None] | None = None):
         self.ws, self.cfg, self.meta, self.store, self.events = ws, ws.config(), meta, store, events
@@ -65,7 +76,7 @@ class Loop:
 
     def meta_dollars(self) -> float:
         """The meta-policy's spend in this process (the offline one spends nothing)."""
-        return float(getattr(self.meta, "dollars", 0.0))
+        return float(self.meta.dollars)
 
     def champion_dir(self) -> Path:
         """A snapshot of the champion harness (training and agents read it; nobody edits it)."""
@@ -238,7 +249,7 @@ class Loop:
                 try:
                     repo.reset_worktree(tree)
                     result = self.meta.code(CodeInput(intervention=iv, files=files, findings=state.findings,
-                                                      error=error, attempt=attempt))
+                                                      diagnosis=state.diagnosis, error=error, attempt=attempt))
                     changed = apply_edits(files, result.edits)
                     repo.write_files(tree, changed)
                 except (EditFailed, UserError, ValueError) as e:
@@ -303,7 +314,8 @@ class Loop:
                 if self.cfg.loop.skill_memory else None
             v = judge(iv, bt, self.rule, cand.error, prior)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
-            verdicts.append(self.meta.critique(v, cand.intervention, bt))
+            verdicts.append(self.meta.critique(CritiqueInput(verdict=v, intervention=iv, backtest=bt,
+                                                             findings=state.findings)))
         verdicts = choose(verdicts, self.rule)
         out = []
         for cand, v in zip(state.candidates, verdicts):
@@ -353,18 +365,31 @@ class Loop:
 
     # -- revise diagnostics --------------------------------------------------------------------
     def revise_diagnostics(self, state: LoopState) -> dict:
-        """A new divergence gate for the component that rose without dev, kept only if history agrees."""
+        """A new analyzer for the component that rose without dev (offline: a divergence gate; a meta-LLM's Coder
+        writes its own), kept only if history agrees: it flags the branch that asked for it and no promoted one."""
         g, ws = state.generation, self.ws
         branch = state.revise[0]
+        report = ws.path / "reports" / f"revision-g{g}.json"
+        if report.is_file():  # re-entered after a kill: decided already (an LLM would write another analyzer)
+            done = json.loads(report.read_text())
+            if not done["committed"] or (ws.path / "harness" / "diagnostics" / f"{done['analyzer']}.py").is_file():
+                return {"revised": done["analyzer"] if done["committed"] else None}
         cand = next(c for c in state.candidates if c.branch == branch)
         culprit = self._culprit(cand, g)
-        change = self.meta.revision(harness_files(self.champion_dir()), culprit)
+        change = self.meta.revision(ReviseInput(branch=branch, culprit=culprit, intervention=cand.intervention,
+                                                verdict=cand.verdict, backtest=cand.backtest, findings=state.findings,
+                                                files=harness_files(self.champion_dir())))
+        if change is None:
+            self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=None, committed=False,
+                             reason=f"{self.meta.label} proposed no analyzer")
+            return {"revised": None}
         path = next(iter(change.files))
         aid = Path(path).stem
         if (ws.path / "harness" / path).is_file():
             return {"revised": aid}
         trial = ws.path / "backtests" / f"revision-g{g}"
-        trial.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(trial, ignore_errors=True)  # an earlier try's analyzer would be imported beside this one
+        trial.mkdir(parents=True)
         for rel, text in {**harness_files(self.champion_dir()), **change.files}.items():
             atomic_write_text(trial / rel, text)
         try:
@@ -375,7 +400,7 @@ class Loop:
             return {"revised": None}
         flags = {s.branch: s.flagged for s in val.slices}
         keep = flags.get(branch, False) and val.false_alarms == 0
-        atomic_write_text(ws.path / "reports" / f"revision-g{g}.json", json.dumps(
+        atomic_write_text(report, json.dumps(
             {"analyzer": aid, "culprit": culprit, "branch": branch, "committed": keep, **val.model_dump()}, indent=2))
         self.events.emit("decision", node="revise_diagnostics", generation=g, analyzer=aid, committed=keep,
                          recall=val.recall, false_alarms=val.false_alarms)

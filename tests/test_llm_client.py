@@ -19,7 +19,7 @@ from evotrainer.agents import llm
 from evotrainer.agents.critic import judge
 from evotrainer.agents.llm import LLMClient, LLMError
 from evotrainer.agents.llm_policy import LLMPolicy, _quote
-from evotrainer.agents.schemas import Diagnosis, Intervention, Sample, Verdict
+from evotrainer.agents.schemas import CritiqueInput, Diagnosis, Intervention, Sample, Verdict
 from evotrainer.base.config import PromotionRule
 from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult
 
@@ -168,6 +168,10 @@ def _replay_backtest() -> BacktestResult:
                           start_checkpoint=None, replay=replay, short_run=None, failed_gates=[], seconds=1)
 
 
+def _review(verdict: Verdict, bt: BacktestResult | None) -> CritiqueInput:
+    return CritiqueInput(verdict=verdict, intervention=IV, backtest=bt)
+
+
 def test_a_critic_that_fails_leaves_the_rules_verdict():
     bt = _replay_backtest()
     rule = judge(IV, bt, PromotionRule())
@@ -177,15 +181,15 @@ def test_a_critic_that_fails_leaves_the_rules_verdict():
         policy = LLMPolicy(LLMClient(MODEL, url, timeout_s=1, retries=1))
         events = []
         policy.client.on_call = lambda agent, record: events.append(record)
-        assert policy.critique(rule, IV, bt) == rule
+        assert policy.critique(_review(rule, bt)) == rule
     assert [e["kind"] for e in events] == ["critic_fallback"] and "failed after 1 attempt" in events[0]["error"]
     with openai_server(lambda body: "no json here") as (url, seen):
-        assert LLMPolicy(LLMClient(MODEL, url, timeout_s=10, retries=1)).critique(rule, IV, bt) == rule
+        assert LLMPolicy(LLMClient(MODEL, url, timeout_s=10, retries=1)).critique(_review(rule, bt)) == rule
     assert len(seen) == 2
     # no backtest: nothing to review, no call at all
     with openai_server(lambda body: "unused") as (url, seen):
         no_bt = judge(IV, None, PromotionRule(), "validation failed")
-        assert LLMPolicy(LLMClient(MODEL, url)).critique(no_bt, IV, None) == no_bt
+        assert LLMPolicy(LLMClient(MODEL, url)).critique(_review(no_bt, None)) == no_bt
     assert seen == []
 
 
@@ -194,13 +198,13 @@ def test_an_overruled_critic_keeps_no_reason_a_veto_keeps_its_own():
     rule = judge(IV, bt, PromotionRule())
     promote = Verdict(branch="x", decision="promote", reasons=["looks great, ship it"], lesson="x helps")
     with openai_server(lambda body: promote.model_dump_json()) as (url, _):
-        v = LLMPolicy(LLMClient(MODEL, url, timeout_s=10, retries=1)).critique(rule, IV, bt)
+        v = LLMPolicy(LLMClient(MODEL, url, timeout_s=10, retries=1)).critique(_review(rule, bt))
     assert v.decision == "reject" and "looks great, ship it" not in v.reasons
     assert v.reasons[:len(rule.reasons)] == rule.reasons and "overruled" in v.reasons[-1]
     promoted = rule.model_copy(update={"decision": "promote", "reasons": ["rule says promote"]})
     veto = Verdict(branch="x", decision="reject", reasons=["rollouts show a hack"])
     with openai_server(lambda body: veto.model_dump_json()) as (url, _):
-        v = LLMPolicy(LLMClient(MODEL, url, timeout_s=10, retries=1)).critique(promoted, IV, bt)
+        v = LLMPolicy(LLMClient(MODEL, url, timeout_s=10, retries=1)).critique(_review(promoted, bt))
     assert v.decision == "reject" and v.reasons == ["rule says promote", "rollouts show a hack"]
 
 

@@ -24,7 +24,7 @@ PLAN = {"rationale": "hotter sampling gives groups variance",
                                                     "groups get reward variance", "factor": "recipe.temperature",
                            "change": "raise the sampling temperature 1.0 -> 1.2", "target_files": ["harness.yaml"],
                            "expected": {"metric": "dev_accuracy", "direction": "up", "size": 0.01},
-                           "transform": "temperature", "sources": ["dead_groups:dead_group_ratio"]}]}
+                           "transform": None, "sources": ["dead_groups:dead_group_ratio"]}]}  # free-form: the Coder
 BAD_PATCH = {"message": "raise temperature", "edits": [{"path": "harness.yaml", "search": "  temperature: 1.0",
                                                          "replace": "  temprature: 1.2"}]}  # unknown key: invalid
 GOOD_PATCH = {"message": "raise temperature", "edits": [{"path": "harness.yaml", "search": "  temperature: 1.0 ",

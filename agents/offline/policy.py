@@ -10,30 +10,38 @@ The embedded default when no meta-LLM is configured, and labelled as rule-based 
   finding) go by `explore`, the order the literature and the template's own tuning suggest. A positive skill for
   the transform (retrieved for a similar diagnosis) ranks it ahead of the rest, a negative skill (blocked by a
   gate, or measured harmful) recorded under the same diagnosis removes it, a negative one under another
-  diagnosis lowers it; an inconclusive one does neither. Factors already tried on the current champion are
-  skipped.
-- Coder: the transform's files, written whole.
+  diagnosis lowers it; an inconclusive one does neither. The ranked list goes through the Planners' one filter
+  (`agents/planner.py::admissible`: factors already tried on the current champion, negative lessons under the same
+  diagnosis) and is cut to K.
+- Coder: the transform's files, written whole (`agents/coder.py::catalog_edits`).
 - Critic: the promotion rule alone (`agents/critic.py`).
 - Diagnostics revision: a divergence gate for the component whose reward rose without dev.
+
+It implements `agents/meta_policy.py::MetaPolicy`; what each agent is given is tabled there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+from evotrainer.agents.coder import catalog_edits
 from evotrainer.agents.offline.catalog import CATALOG, Change, apply, divergence_gate_change
+from evotrainer.agents.planner import admissible, same_diagnosis
 from evotrainer.agents.schemas import (
     Bottleneck,
     CodeInput,
     CodeResult,
+    CritiqueInput,
     DiagnoseInput,
     Diagnosis,
-    Edit,
     Intervention,
     Plan,
     PlanInput,
+    ReviseInput,
     Verdict,
 )
 from evotrainer.memory.prior import Prior, expected_gain
-from evotrainer.trainer.backtest import BacktestResult
 from evotrainer.trainer.diagnostics import Finding
 
 LABEL = "offline rule-based meta-policy"
@@ -47,6 +55,10 @@ def finding_id(f: Finding) -> str:
 
 class OfflinePolicy:
     label = LABEL
+    dollars = 0.0  # it calls no model
+
+    def attach(self, run_dir: Path, on_call: Callable[[str, dict], None]) -> None:
+        """Nothing to attach: no transcripts, no calls to account for."""
 
     def diagnose(self, inp: DiagnoseInput) -> Diagnosis:
         findings = sorted(inp.report.findings, key=lambda f: (not f.gate, _ORDER[f.severity], -abs(f.value)))
@@ -67,11 +79,10 @@ class OfflinePolicy:
         return Diagnosis(generation=inp.generation, summary=summary, bottlenecks=bottlenecks, author=LABEL)
 
     def plan(self, inp: PlanInput) -> Plan:
-        analyzers = {f.analyzer for f in inp.findings if f.severity != "info"}
         unknown = expected_gain(Prior.vague(inp.prior_sd))
-        scored, notes = [], []
+        scored = []
         for t in CATALOG.values():
-            if t.kind == "diagnostics" or t.factor in inp.tried:
+            if t.kind == "diagnostics":
                 continue
             change = apply(t.id, inp.files, inp.findings)
             if change is None:
@@ -84,33 +95,30 @@ class OfflinePolicy:
             prior = inp.priors.get(t.id) or Prior.vague(inp.prior_sd)
             gain = expected_gain(prior) / unknown
             score = sum(strongest.values()) + gain
-            proven, sources, excluded = False, [finding_id(f) for f in relevant], False
+            proven, sources = False, [finding_id(f) for f in relevant]
             for hit in inp.skills:
                 sk = hit.skill
                 if sk.transform != t.id:
                     continue
-                same = (bool(analyzers) and set(sk.trigger.analyzers) == analyzers) or hit.score >= inp.same_diagnosis
                 if sk.outcome == "positive":
                     proven = True
                     score += hit.score
-                elif sk.outcome == "inconclusive":
-                    pass  # not resolved: neither a reason to repeat it nor one to avoid it (the prior has its effect)
-                elif same:
-                    excluded = True
-                    notes.append(f"{t.id} skipped: skill {sk.id} recorded it as negative under this diagnosis")
-                else:
+                elif sk.outcome == "negative" and not same_diagnosis(hit, inp):
                     score -= 0.5 * max(hit.score, 0.0)
+                # inconclusive: not resolved, neither a reason to repeat it nor one to avoid it (the prior has its
+                # effect); negative under this diagnosis: the shared filter below removes it
                 sources.append(sk.id)
-            if excluded or not (strongest or proven or t.explore > 0) or score <= 0:
+            if not (strongest or proven or t.explore > 0) or score <= 0:
                 continue
-            scored.append(((proven, round(score, 6), t.explore), t, change, sources, prior))
+            scored.append(((proven, round(score, 6), t.explore), t, self._intervention(inp.generation, t, change,
+                                                                                       sources), prior))
         scored.sort(key=lambda x: x[0], reverse=True)
-        interventions = [self._intervention(inp.generation, t, change, sources)
-                         for _, t, change, sources, _ in scored[:inp.k]]
+        kept, notes = admissible([iv for _, _, iv, _ in scored], inp)
+        ids = {iv.id for iv in kept}
         ranking = ", ".join(f"{t.id} {s:.2f}{' (proven)' if p else ''}"
                             + (f" [memory: {prior.n} test(s), {prior.mean:+.3f} ± {prior.sd:.3f}]" if prior.n else "")
-                            for (p, s, _), t, _, _, prior in scored)
-        return Plan(interventions=interventions, author=LABEL,
+                            for (p, s, _), t, iv, prior in scored if iv.id in ids)
+        return Plan(interventions=kept[:inp.k], author=LABEL,
                     rationale="ranked by findings, expected gain under memory's prior (1.00: a change memory knows "
                               f"nothing of) and skills: {ranking or 'nothing applicable'}"
                               + ("; " + "; ".join(notes) if notes else ""))
@@ -124,17 +132,12 @@ class OfflinePolicy:
     def code(self, inp: CodeInput) -> CodeResult:
         """The transform's edit as whole files. Deterministic: a repair round cannot change it, so a failing
         transform fails the same way and the candidate is rejected with the validation error."""
-        tid = inp.intervention.transform
-        change = apply(tid, inp.files, inp.findings) if tid in CATALOG else None
-        if change is None:
-            raise ValueError(f"transform {tid!r} does not apply to this harness")
-        return CodeResult(edits=[Edit(path=p, replace=text) for p, text in sorted(change.files.items())],
-                          message=f"{inp.intervention.change} [{LABEL}]")
+        return catalog_edits(inp, LABEL)
 
-    def critique(self, verdict: Verdict, intervention: Intervention, backtest: BacktestResult | None) -> Verdict:
+    def critique(self, inp: CritiqueInput) -> Verdict:
         """The promotion rule's verdict as it stands: the offline Critic is the rule."""
-        return verdict
+        return inp.verdict
 
-    def revision(self, files: dict[str, str], culprit: str) -> Change:
+    def revision(self, inp: ReviseInput) -> Change:
         """Diagnostics revision: a divergence gate on the component whose reward rose without dev."""
-        return divergence_gate_change(culprit)
+        return divergence_gate_change(inp.culprit)
