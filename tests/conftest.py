@@ -7,7 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -73,6 +77,19 @@ def chat_completion(content: str, *, model: str = "m", prompt_tokens: int = 10, 
                                                     "message": {"role": "assistant", "content": content}}],
                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                  "total_tokens": prompt_tokens + completion_tokens}}).encode()
+
+
+@contextmanager
+def local_server(handler) -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 answering with `handler` (an `http.server` handler class) in a thread:
+    yields its OpenAI-style base URL (`http://127.0.0.1:PORT/v1`)."""
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def send_json(handler, data: bytes, status: int = 200) -> None:

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -23,7 +23,7 @@ from evotrainer.agents.schemas import CritiqueInput, Diagnosis, Intervention, Sa
 from evotrainer.base.config import PromotionRule
 from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult
 
-from .conftest import chat_completion, run_cli, send_json
+from .conftest import chat_completion, local_server, run_cli, send_json
 
 MODEL = "openai/local-test"  # an OpenAI-compatible provider string; api_base points it at the local server
 IV = Intervention(id="g1-x", hypothesis="If x, dev improves", factor="recipe.x", change="x")
@@ -54,13 +54,8 @@ def openai_server(reply: Callable[[dict], str | tuple[int, str]]) -> Iterator[tu
             else:
                 send_json(self, chat_completion(out))
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with local_server(Handler) as url:
+        yield url, seen
 
 
 @contextmanager

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from evotrainer.graph.events import EventLog
 
-from .conftest import chat_completion, last_json, run_cli, send_json
+from .conftest import chat_completion, last_json, local_server, run_cli, send_json
 
 DIAGNOSIS = {"generation": 1, "summary": "groups are dead and answers unreadable: too little signal per group",
              "bottlenecks": [{"title": "dead groups", "findings": ["dead_groups:dead_group_ratio"],
@@ -60,11 +59,8 @@ class ScriptedOpenAI(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     ScriptedOpenAI.calls = {}
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedOpenAI)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
+    with local_server(ScriptedOpenAI) as url:
+        yield url
 
 
 @pytest.mark.slow

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.evidence import EvidenceWriter
 from evotrainer.workspaces.run import RunWorkspace
 
-from .conftest import chat_completion, send_json
+from .conftest import chat_completion, local_server, send_json
 
 MODEL = "openai/scripted-policy"
 AGENTS = ("diagnoser", "planner", "coder", "critic")
@@ -74,13 +73,8 @@ def scripted(script: dict[str, list]) -> Iterator[tuple[str, list[tuple[str, str
             seen.append((agent, user))
             send_json(self, chat_completion(reply if isinstance(reply, str) else json.dumps(reply)))
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with local_server(Handler) as url:
+        yield url, seen
 
 
 def _loop(tmp_path: Path, url: str) -> tuple[Loop, RunWorkspace, list[dict]]:
