@@ -31,7 +31,7 @@ from evotrainer.memory.skill import Skill, SkillOutcome
 
 COLLECTION = "skills"
 DEFAULT_EMBEDDING = "minilm"
-SIGNATURE_WEIGHT = 0.15  # score bonus for a full match of the findings' analyzer ids
+SIGNATURE_WEIGHT = 0.20  # score bonus for a full match of the findings' analyzer ids (chosen by bench_retrieval.py)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 

@@ -1,9 +1,11 @@
 """Retrieval from skill memory: the MiniLM embedding (numpy, the same vectors as transformers', built once per store
-handle, no torch on the command line's path)."""
+handle, no torch on the command line's path), the corpus's analyzer ids (emitted by real analyzers), and retrieval
+quality on held-out diagnoses written apart from the skills, queried as the Planner queries."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +18,12 @@ from evotrainer.memory import minilm
 from evotrainer.memory.embeddings import MiniLMEmbedding
 from evotrainer.memory.skill import Skill, Trigger, Validation
 from evotrainer.memory.store import SkillStore
+from evotrainer.trainer.diagnostics import REGISTRY
 
 DATA = Path(__file__).parent / "data"
 CORPUS = json.loads((DATA / "skill_corpus.json").read_text())
 HELDOUT = json.loads((DATA / "skill_heldout.json").read_text())
+DOMAIN = {s["key"]: s["domain"] for s in CORPUS["skills"]}
 EDGE = ["", "x", "Ünïcödé façade: 数学 问题 🙂", " ".join(["a diagnosis far longer than the model's window"] * 60)]
 
 
@@ -79,3 +83,47 @@ def test_the_command_line_query_imports_neither_torch_nor_transformers(store):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)[0]["skill"]["id"] == "swe_leak" and out.stderr.strip().endswith("[]")
+
+
+def emitted_ids() -> set[str]:
+    """The analyzer ids the built-in analyzers register and write into their findings."""
+    root = Path(REGISTRY["dead_groups"].fn.__code__.co_filename).parent
+    written = {m for p in root.glob("*.py") for m in re.findall(r'Finding\(\s*analyzer="(\w+)"', p.read_text())}
+    return written & set(REGISTRY)
+
+
+def test_corpus_and_heldout_use_only_analyzer_ids_real_analyzers_emit():
+    real = emitted_ids()
+    assert len(real) >= 25 and {"dead_groups", "tampering", "untested_edits", "context_overflow"} <= real
+    for records in (CORPUS["skills"], CORPUS["queries"], HELDOUT["queries"]):
+        used = {a for r in records for a in r["analyzers"]}
+        assert used <= real, used - real
+    keys = set(DOMAIN)
+    assert all(q["skill"] in keys and set(q["also"]) <= keys for q in HELDOUT["queries"])
+
+
+def ranks(store: SkillStore, queries: list[dict], analyzers: bool) -> list[int]:
+    """Each query's rank of its skill (1-based; 99 if not in the top 10), queried as the Planner does: the text,
+    the ids of the severe findings, the run's domain."""
+    out = []
+    for q in queries:
+        hits = store.query(q["text"], k=10, domain=DOMAIN[q["skill"]], record=False,
+                           analyzers=q["analyzers"] if analyzers else None)
+        ids = [h.skill.id for h in hits]
+        out.append(ids.index(q["skill"]) + 1 if q["skill"] in ids else 99)
+    return out
+
+
+def test_heldout_retrieval_with_the_planners_query(store):
+    """Held-out diagnoses (written from the analyzers' docs, apart from the skill texts): the Planner's query finds
+    the skill meant in its top 3 for at least 90% of them; the analyzer ids add to what the text alone finds."""
+    queries = HELDOUT["queries"]
+    assert len(queries) >= 30
+    triggers = [s["trigger"].lower() for s in CORPUS["skills"]]
+    assert not any(q["text"].lower() in triggers for q in queries)  # no held-out text is a skill's trigger
+    hybrid, text = ranks(store, queries, True), ranks(store, queries, False)
+    top = {name: (np.mean([r <= 1 for r in rs]), np.mean([r <= 3 for r in rs]))
+           for name, rs in (("text + analyzer ids", hybrid), ("text only", text))}
+    print("held-out top-1 / top-3:", "; ".join(f"{n} {a:.2f} / {b:.2f}" for n, (a, b) in top.items()))
+    assert top["text + analyzer ids"][1] >= 0.9
+    assert top["text + analyzer ids"][0] > top["text only"][0]
