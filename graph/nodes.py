@@ -409,9 +409,10 @@ class Loop:
                                          "no lesson about the change")
                 continue
             bt = cand.backtest
+            # the trigger is the part of the plan's diagnosis this candidate answered, with its own analyzer ids
             skill, merged = distill(self.store, lesson_of(
                 cand.intervention, v, self.cfg.domain, findings=state.findings, backtest=bt, run=ws.path.name,
-                diagnosis=state.diagnosis.summary if state.diagnosis else "", generation=g, commit=cand.commit))
+                diagnosis=state.diagnosis or "", generation=g, commit=cand.commit))
             outcome = {"promote": "positive", "inconclusive": "inconclusive"}.get(v.decision, "negative")
             for sid in (s for s in cand.intervention.sources if s.startswith("sk-")):
                 try:
