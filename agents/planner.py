@@ -20,10 +20,11 @@ def fired_analyzers(inp: PlanInput) -> set[str]:
 
 
 def same_diagnosis(hit: Hit, inp: PlanInput) -> bool:
-    """Whether a retrieved skill was learned under this diagnosis: the same analyzers fired (when any did), or
+    """Whether a retrieved skill was learned under this diagnosis: every analyzer its trigger names fires now (a
+    skill's trigger holds the findings its candidate answered, a part of that generation's: graph/lessons.py), or
     retrieval scored its trigger at least as close as memory's merge threshold (`PlanInput.same_diagnosis`)."""
-    fired = fired_analyzers(inp)
-    return (bool(fired) and set(hit.skill.trigger.analyzers) == fired) or hit.score >= inp.same_diagnosis
+    fired, named = fired_analyzers(inp), set(hit.skill.trigger.analyzers)
+    return (bool(named) and named <= fired) or hit.score >= inp.same_diagnosis
 
 
 def same_change(skill: Skill, factor: str, transform: str | None) -> bool:

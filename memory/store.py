@@ -31,7 +31,7 @@ from evotrainer.memory.skill import Skill, SkillOutcome
 
 COLLECTION = "skills"
 DEFAULT_EMBEDDING = "minilm"
-SIGNATURE_WEIGHT = 0.15  # score bonus for a full match of the findings' analyzer ids
+SIGNATURE_WEIGHT = 0.20  # score bonus for a full match of the findings' analyzer ids (chosen by bench_retrieval.py)
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -97,9 +97,11 @@ class SkillStore:
             raise UserError(f"unknown embedding {embedding!r}: choose one of {', '.join(EMBEDDINGS)}")
         self._client = self._col = None  # a new store is created by its first write: opening never writes
         self.embedding = embedding or DEFAULT_EMBEDDING
+        self._ef = None
         if _check_path(self.path):
             self._open(embedding)
-        self._ef = EMBEDDINGS[self.embedding]()
+        if self._ef is None:
+            self._ef = EMBEDDINGS[self.embedding]()
 
     def _connect(self) -> None:
         import chromadb
@@ -119,25 +121,27 @@ class SkillStore:
                             f"open it with --embedding {built}, or export it and import into a new store")
         self._connect()
         try:
-            names = {c if isinstance(c, str) else c.name for c in self._client.list_collections()}
-            if COLLECTION not in names:
-                if names:
+            listed = {c.name: c for c in self._client.list_collections()}
+            if COLLECTION not in listed:
+                if listed:
                     raise UserError(f"{self.path} is a Chroma store without a `{COLLECTION}` collection: not a "
                                     "skill store; pass another --skills folder")
                 return  # created, never written: a new store
-            self._col = self._client.get_collection(COLLECTION)
+            built = (listed[COLLECTION].metadata or {}).get("embedding")
+            if built not in EMBEDDINGS:
+                raise UserError(f"skill store {self.path} was built with an unknown embedding {built!r}")
+            if embedding is not None and embedding != built:
+                raise UserError(f"skill store {self.path} was built with the {built!r} embedding, not {embedding!r}: "
+                                f"open it with --embedding {built}, or export it and import into a new store")
+            # this handle's own instance: without one, Chroma rebuilds the function from the collection's
+            # configuration on every query, and MiniLM would load its model each time (about 0.3 s)
+            self.embedding, self._ef = built, EMBEDDINGS[built]()
+            self._col = self._client.get_collection(COLLECTION, embedding_function=self._ef)
         except UserError:
             raise
         except Exception as e:
             raise UserError(f"skill store {self.path} cannot be read ({type(e).__name__}: {e}); restore it from "
                             "an export into a new folder") from None
-        built = (self._col.metadata or {}).get("embedding")
-        if built not in EMBEDDINGS:
-            raise UserError(f"skill store {self.path} was built with an unknown embedding {built!r}")
-        if embedding is not None and embedding != built:
-            raise UserError(f"skill store {self.path} was built with the {built!r} embedding, not {embedding!r}: "
-                            f"open it with --embedding {built}, or export it and import into a new store")
-        self.embedding = built
 
     # ---- writing ----
 

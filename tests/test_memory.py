@@ -11,15 +11,30 @@ from pathlib import Path
 
 import pytest
 
-from evotrainer.agents.schemas import ExpectedEffect, Intervention, Verdict
+from evotrainer.agents.offline.policy import OfflinePolicy
+from evotrainer.agents.schemas import (
+    Bottleneck,
+    DiagnoseInput,
+    Diagnosis,
+    ExpectedEffect,
+    Intervention,
+    PlanInput,
+    Verdict,
+)
 from evotrainer.base.errors import UserError
-from evotrainer.graph.lessons import lesson_of
+from evotrainer.graph.events import EventLog
+from evotrainer.graph.lessons import lesson_of, trigger_for
+from evotrainer.graph.nodes import Loop
+from evotrainer.graph.state import CandidateState, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
 from evotrainer.memory.embeddings import HashingEmbedding, MiniLMEmbedding
 from evotrainer.memory.skill import Skill, Trigger, Validation
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.backtest import BacktestResult, ShortRunResult
 from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.diagnostics.report import HealthReport
+from evotrainer.workspaces import TEMPLATES
+from evotrainer.workspaces.run import RunWorkspace
 from tests.conftest import run_cli
 
 CORPUS = json.loads((Path(__file__).parent / "data" / "skill_corpus.json").read_text())
@@ -187,6 +202,45 @@ def test_trigger_of_keeps_the_severe_findings():
     assert trig.analyzers == ["dead_groups"] and trig.text == DEAD[0].message
     assert trig.signature == "dead_groups:critical=0.41"
     assert trigger_of(DEAD, "the hard levels never succeed").text == "the hard levels never succeed"
+
+
+TRUNC = Finding(analyzer="truncation", metric="truncated_ratio", value=0.17, threshold=0.05, severity="critical",
+                message="17% of completions hit the length limit (17% masked out of the loss); worst at difficulty 5")
+
+
+def test_each_candidate_of_a_generation_keeps_the_diagnosis_it_answered(tmp_path):
+    """The distill node gives each candidate's skill the part of the plan's diagnosis that candidate answered: two
+    candidates of one generation citing different findings leave different triggers with their own analyzer ids (an
+    exploration, citing none, the whole diagnosis), so a later diagnosis of one symptom finds its skill first instead
+    of three skills tied on one generation's concatenated messages."""
+    findings, policy = [DEAD[0], TRUNC], OfflinePolicy()
+    report = HealthReport(generation=1, branch="main", n_rollouts=320, n_steps=10, summary={}, findings=findings,
+                          failed_gates=[], seconds=0.0)
+    diagnosis = policy.diagnose(DiagnoseInput(generation=1, report=report))
+    files = {p: (TEMPLATES / "math" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py")}
+    plan = policy.plan(PlanInput(generation=1, domain="math", k=10, diagnosis=diagnosis, findings=findings,
+                                 files=files))
+    by = {iv.transform: iv for iv in plan.interventions}
+    ws = RunWorkspace.create(tmp_path / "run", "math")
+    store = SkillStore(tmp_path / "skills")
+    cands = [CandidateState(intervention=by[t], branch=f"cand/g1-{t}", commit=t,
+                            backtest=_backtest(-0.01, -0.03, 0.01, f"cand/g1-{t}", t),
+                            verdict=Verdict(branch=f"cand/g1-{t}", decision="reject", effect=-0.01))
+             for t in ("drop_dead_groups", "longer_limit", "loss_type")]
+    Loop(ws, policy, store, EventLog(ws.path / "events.jsonl")).distill(
+        LoopState(findings=findings, diagnosis=diagnosis, candidates=cands))
+    got = {s.transform: s.trigger for s in store.list()}
+    assert (got["drop_dead_groups"].text, got["drop_dead_groups"].analyzers) == (DEAD[0].message, ["dead_groups"])
+    assert (got["longer_limit"].text, got["longer_limit"].analyzers) == (TRUNC.message, ["truncation"])
+    assert (got["loss_type"].text, got["loss_type"].analyzers) == (diagnosis.summary, ["dead_groups", "truncation"])
+    later = "39% of groups have zero reward variance (34% all failed, 5% all solved): their gradient is zero"
+    hits = store.query(later, k=3, analyzers=["dead_groups"], record=False)
+    assert hits[0].skill.transform == "drop_dead_groups" and hits[0].score - hits[1].score > 0.1
+    # an LLM's plan may cite an analyzer id alone, and its Diagnoser words the bottleneck its own way
+    worded = Diagnosis(generation=1, summary="answers are cut off; groups are flat", bottlenecks=[
+        Bottleneck(title="answers are cut off at the length limit", findings=["truncation:truncated_ratio"])])
+    llm = trigger_for(by["longer_limit"].model_copy(update={"sources": ["truncation", "sk-0"]}), findings, worded)
+    assert (llm.text, llm.analyzers) == ("answers are cut off at the length limit", ["truncation"])
 
 
 def test_bad_store_paths_are_one_line_and_leave_the_store_untouched(corpus_store, tmp_path):
