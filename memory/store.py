@@ -25,7 +25,7 @@ from filelock import FileLock
 from pydantic import BaseModel, ValidationError
 
 from evotrainer.base.errors import UserError
-from evotrainer.base.files import atomic_write_text
+from evotrainer.base.files import atomic_write_text, read_user_text
 from evotrainer.memory.embeddings import EMBEDDINGS
 from evotrainer.memory.skill import Skill, SkillOutcome
 
@@ -265,10 +265,7 @@ class SkillStore:
         """Add the skills of a JSONL export; ids already present are kept as they are. Returns (added,
         skipped). A bad line fails the whole import before anything is written."""
         path = Path(path)
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as e:
-            raise UserError(f"cannot read {path}: {e.strerror}") from None
+        lines = read_user_text(path, "skills export").splitlines()
         skills = []
         for n, line in enumerate(lines, 1):
             if not line.strip():

@@ -119,6 +119,10 @@ CASES = [
     (["compare", "--domain", "chess", "--out", "{w}/new"], 2, "chess"),
     (["compare", "--harness", "{w}/missing", "--out", "{w}/new"], 2, "missing"),
     (["compare", "--budget", "huge", "--out", "{w}/new"], 2, "huge"),
+    # skill memory
+    (["skills", "import", "{w}/patch.diff", "--skills", "{w}/store"], 2, "not UTF-8"),
+    (["skills", "import", "{w}/empty", "--skills", "{w}/store"], 2, "is a directory"),
+    (["skills", "list", "--skills", "{w}/file.txt"], 2, "is a file"),
     # usage
     (["frobnicate"], 2, "No such command"),
     (["run"], 2, "Missing argument"),
