@@ -30,19 +30,29 @@ def headline(c: Comparison) -> str:
             f"{ref.cpu_seconds / 60:.0f} CPU minutes a seed)." + against_search(c))
 
 
-def against_search(c: Comparison) -> str:
-    """EvoTrainer against the hyperparameter search of the same seeds, paired over seeds x items."""
+def search_effect(c: Comparison) -> tuple[float, float, float, float, float] | None:
+    """EvoTrainer minus the hyperparameter search of the same seeds, paired over seeds x items: the mean, its 95%
+    interval, and the GRPO steps a seed of the search and of EvoTrainer; None without both arms on one test set."""
     from evotrainer.trainer.backtest.statistics import paired_bootstrap
 
     by = {(x.arm, x.seed): x for x in c.cells}
     pairs = [(by[("evotrainer", s)], by[("hpo", s)]) for s in c.seeds if ("evotrainer", s) in by and ("hpo", s) in by]
     if not pairs or any(e.item_ids != h.item_ids for e, h in pairs):
-        return ""
+        return None
     d, lo, hi, _ = paired_bootstrap(np.array([np.array(e.greedy_correct, float) - np.array(h.greedy_correct, float)
                                               for e, h in pairs]), 1000)
-    steps = np.mean([h.total_steps for _, h in pairs]), np.mean([e.total_steps for e, _ in pairs])
-    return (f" Against the hyperparameter search (`hpo`, {steps[0]:.0f} GRPO steps a seed against EvoTrainer's "
-            f"{steps[1]:.0f}): {d:+.3f} [{lo:+.3f}, {hi:+.3f}].")
+    return d, lo, hi, float(np.mean([h.total_steps for _, h in pairs])), float(np.mean([e.total_steps
+                                                                                        for e, _ in pairs]))
+
+
+def against_search(c: Comparison) -> str:
+    """EvoTrainer against the hyperparameter search of the same seeds, as a sentence ('' without it)."""
+    effect = search_effect(c)
+    if effect is None:
+        return ""
+    d, lo, hi, hpo_steps, evo_steps = effect
+    return (f" Against the hyperparameter search (`hpo`, {hpo_steps:.0f} GRPO steps a seed against EvoTrainer's "
+            f"{evo_steps:.0f}): {d:+.3f} [{lo:+.3f}, {hi:+.3f}].")
 
 
 def markdown(c: Comparison) -> str:
