@@ -42,8 +42,9 @@ CODE_SICK = [F("execution_errors", "execution_error_rise", 0.3, "critical"),
              F("hard_coded_outputs", "hard_coded_ratio", 0.2, "critical", gate=True)]
 CODE_ONLY = ("crash_penalty", "lookup_penalty")  # transforms of program-synthesis harnesses
 SWE_TEMPLATE = {p: (TEMPLATES / "swe" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py", "env.py")}
-SWE_SICK = [F("leak_usage", "leak_usage_ratio", 0.6, "critical", gate=True)]
-SWE_ONLY = ("close_leak",)  # transforms of multi-turn harnesses (env.py)
+SWE_SICK = [F("leak_usage", "leak_usage_ratio", 0.6, "critical", gate=True),
+            F("context_overflow", "turn_limit_ratio", 0.4, "critical")]
+SWE_ONLY = ("close_leak", "more_turns")  # transforms of multi-turn harnesses (env.py)
 
 
 def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path):
@@ -76,7 +77,7 @@ def test_every_catalog_transform_yields_a_valid_harness_in_the_sandbox(tmp_path)
         again[t.id] = apply(t.id, {**template, **change.files}, findings)
     # applying twice is refused where the change is a state (a filter present, a component gone, a reward added)
     for tid in ("drop_dead_groups", "curriculum_drop_unsolved", "partial_credit", "soft_overlong", "remove_component",
-                "divergence_gate", "answer_parser", *CODE_ONLY, *SWE_ONLY):
+                "divergence_gate", "answer_parser", *CODE_ONLY, "close_leak"):  # more_turns is a quantity
         assert again[tid] is None, tid
 
 
@@ -553,3 +554,19 @@ def test_the_revision_culprit_is_the_term_that_rose_under_one_reward(tmp_path):
                     term("correctness", "unchanged", 0.03, harness="champion")]) == "brevity"
     assert culprit([term("correctness", "unchanged", 0.03), term("brevity", "new", -0.01)]) == "correctness"
     assert culprit([term("brevity", "new", -0.01)]) == "reward"
+
+
+def test_more_turns_answers_episodes_cut_by_the_turn_budget_only():
+    """Episodes that end at the turn budget: a budget below the environment's default goes back to it, one at or
+    above it grows by half up to the ceiling; a context overflow (more turns would make it worse) never raises it."""
+    from evotrainer.trainer.swe_env import EnvConfig
+
+    cut = [F("context_overflow", "turn_limit_ratio", 0.4, "critical")]
+    short = {**SWE_TEMPLATE, "env.py": SWE_TEMPLATE["env.py"].replace("MAX_TURNS = 8", "MAX_TURNS = 3")}
+    change = apply("more_turns", short, cut)
+    assert change.files["env.py"] == short["env.py"].replace("MAX_TURNS = 3", f"MAX_TURNS = {EnvConfig().max_turns}")
+    assert "MAX_TURNS = 12" in apply("more_turns", SWE_TEMPLATE, cut).files["env.py"]
+    ceiling = {**SWE_TEMPLATE, "env.py": SWE_TEMPLATE["env.py"].replace("MAX_TURNS = 8", "MAX_TURNS = 32")}
+    assert apply("more_turns", ceiling, cut) is None
+    assert apply("more_turns", short, [F("context_overflow", "context_overflow_ratio", 0.4, "critical")]) is None
+    assert apply("more_turns", short, [F("context_overflow", "turn_limit_ratio", 0.4, "info")]) is None

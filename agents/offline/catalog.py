@@ -338,6 +338,31 @@ def close_leak(files: Files, findings: list[Finding]) -> Change | None:
                   ExpectedEffect(metric="dev_accuracy", direction="up", size=0.02))
 
 
+_TURNS_LINE = re.compile(r"^MAX_TURNS\s*=\s*(\d+)", flags=re.M)
+
+
+def more_turns(files: Files, findings: list[Finding]) -> Change | None:
+    """Raise env.py's MAX_TURNS when episodes run out of turns before submitting: below the environment's default
+    straight back to it (an episode cut off never shows how many turns it wanted), above it half as many again
+    (at most the environment's ceiling of 32)."""
+    cut = [f for f in _fired(findings, "context_overflow") if f.metric == "turn_limit_ratio"]
+    source = files.get("env.py", "")
+    m = _TURNS_LINE.search(source)
+    if not cut or not m:
+        return None
+    from evotrainer.trainer.swe_env import EnvConfig
+
+    cur, default = int(m.group(1)), EnvConfig().max_turns
+    new = default if cur < default else min(32, int(round(cur * 1.5)))
+    if new <= cur:
+        return None
+    return Change({"env.py": _TURNS_LINE.sub(f"MAX_TURNS = {new}", source, count=1)},
+                  f"raise the turn budget MAX_TURNS {cur} -> {new}",
+                  f"If episodes get {new} turns, fewer end at the budget before they submit ({cut[0].value:.0%} "
+                  "now), so more of them can search, edit, test and submit, and the sealed dev resolve rate rises.",
+                  ExpectedEffect(metric="dev_accuracy", direction="up", size=0.02))
+
+
 # -- recipe --------------------------------------------------------------------------------------------
 def clip_higher(files: Files, findings: list[Finding]) -> Change | None:
     if int(_knob(files, "num_iterations", 1)) <= 1 and int(_knob(files, "steps_per_generation", 1)) <= 1:
@@ -542,6 +567,8 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
               {"hard_coded_outputs": 1.2, "visible_hidden_divergence": 1.0}, 0.0, lookup_penalty),
     Transform("close_leak", "env.tools", "env", "remove tools the sealed evaluation lacks",
               {"leak_usage": 1.5}, 0.0, close_leak),
+    Transform("more_turns", "env.max_turns", "env", "raise the turn budget of an episode",
+              {"context_overflow": 1.2}, 0.0, more_turns),
     Transform("clip_higher", "recipe.epsilon_high", "recipe", "raise the upper clip bound",
               {"logprob_collapse": 1.0, "optimizer_health": 0.3}, 0.15, clip_higher),
     Transform("more_iterations", "recipe.num_iterations", "recipe", "two updates per generated batch",
