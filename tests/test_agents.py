@@ -570,3 +570,8 @@ def test_more_turns_answers_episodes_cut_by_the_turn_budget_only():
     assert apply("more_turns", ceiling, cut) is None
     assert apply("more_turns", short, [F("context_overflow", "context_overflow_ratio", 0.4, "critical")]) is None
     assert apply("more_turns", short, [F("context_overflow", "turn_limit_ratio", 0.4, "info")]) is None
+    # the context binds as well (the SWE template after 20 steps: 34% cut by turns, 31% by context)
+    both = [F("context_overflow", "turn_limit_ratio", 0.34, "critical"),
+            F("context_overflow", "context_overflow_ratio", 0.31, "critical")]
+    assert apply("more_turns", SWE_TEMPLATE, both) is None
+    assert apply("more_turns", short, [both[0], F("context_overflow", "context_overflow_ratio", 0.1)]) is not None

@@ -344,11 +344,13 @@ _TURNS_LINE = re.compile(r"^MAX_TURNS\s*=\s*(\d+)", flags=re.M)
 def more_turns(files: Files, findings: list[Finding]) -> Change | None:
     """Raise env.py's MAX_TURNS when episodes run out of turns before submitting: below the environment's default
     straight back to it (an episode cut off never shows how many turns it wanted), above it half as many again
-    (at most the environment's ceiling of 32)."""
+    (at most the environment's ceiling of 32). Not while the context overflows in half as many episodes or more:
+    there the context binds too, and more turns would overflow it instead."""
     cut = [f for f in _fired(findings, "context_overflow") if f.metric == "turn_limit_ratio"]
+    full = [f.value for f in findings if f.analyzer == "context_overflow" and f.metric == "context_overflow_ratio"]
     source = files.get("env.py", "")
     m = _TURNS_LINE.search(source)
-    if not cut or not m:
+    if not cut or not m or (full and full[0] >= cut[0].value / 2):
         return None
     from evotrainer.trainer.swe_env import EnvConfig
 
