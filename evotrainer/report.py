@@ -225,7 +225,8 @@ def health_table(rep: RunReport) -> str:
             note = f"{f.metric} = {f.value:.3f}" + (" GATE" if f.gate else "")
             if i not in worst[f.analyzer] or rank > worst[f.analyzer][i][0]:
                 worst[f.analyzer][i] = (rank, note)
-    head = "<tr><th>analyzer \\ evidence of</th>" + "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr>"
+    head = "<tr><th>analyzer (columns: evidence of generation, branch)</th>" + \
+        "".join(f"<th>{escape(c)}</th>" for c in cols) + "</tr>"
     rows = []
     for analyzer in sorted(worst):
         cells = []
