@@ -95,14 +95,19 @@ def read_run(run: str | Path) -> RunReport:
         dev = {h.generation: h.dev_accuracy if h.dev_accuracy is not None else h.dev_trained
                for h in summary.history if h.dev_accuracy is not None or h.dev_trained is not None}
     for path in sorted(ws.path.glob("checkpoints/g*-train/specs/eval-*-dev-*.result.json")):  # a run in progress
-        g = int(re.match(r"g(\d+)-", path.parts[-3]).group(1))
-        if g not in dev and (e := _load(EvalResult, path, bad)):
-            dev[g] = e.accuracy
+        m = re.fullmatch(r"g(\d+)-train", path.parts[-3])
+        if m and int(m.group(1)) not in dev and (e := _load(EvalResult, path, bad)):
+            dev[int(m.group(1))] = e.accuracy
+    dev_start = summary.dev_start if summary else None
+    if dev_start is None:  # in progress: the starting policy's evaluation, written beside training's first segment
+        starts = [e for p in sorted((ws.path / "specs").glob("eval-*-dev-*.result.json"))
+                  if (e := _load(EvalResult, p, bad))]
+        dev_start = starts[0].accuracy if len(starts) == 1 else None
     health = [h for p in sorted(reports.glob("health-g*-*.json")) if (h := _load(HealthReport, p, bad))]
     health.sort(key=lambda h: (h.generation if h.generation is not None else -1, h.branch or ""))
     return RunReport(name=ws.path.name, domain=ws.config().domain, summary=summary, lineage=lineage,
                      verdicts=verdicts, backtests=backtests, diffs=diffs, dev=dict(sorted(dev.items())),
-                     dev_start=summary.dev_start if summary else None, health=health,
+                     dev_start=dev_start, health=health,
                      events=EventLog(ws.path / "events.jsonl").read(), unreadable=bad)
 
 
