@@ -403,6 +403,29 @@ def _promotions(con: Console, ws, summary) -> None:
                   highlight=False)
 
 
+@app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="a run directory, finished or in progress")],
+    out: Annotated[Path | None, typer.Option(help="the HTML file (default: RUN/reports/report.html)")] = None,
+) -> None:
+    """One self-contained HTML page of a run: lineage with diffs, backtests and verdicts, sealed dev per generation,
+    analyzer severities, skills distilled, cost."""
+    from evotrainer.report import write_report
+
+    Console().print(f"report: {write_report(run, out)}", highlight=False, soft_wrap=True)
+
+
+def _write_report(ws, as_json: bool) -> None:
+    """The report at the end of `run` and `resume`: its path, or why it was not written (the run itself is done)."""
+    from evotrainer.report import write_report
+
+    con = err if as_json else Console()  # --json keeps stdout one JSON object
+    try:
+        con.print(f"report: {write_report(ws.path)}", highlight=False, soft_wrap=True)
+    except (UserError, OSError) as e:
+        err.print(f"[yellow]warning:[/yellow] report not written: {e}", highlight=False, soft_wrap=True)
+
+
 def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
     from evotrainer.graph.build import drive
 
@@ -416,6 +439,7 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
         summary = drive(ws, meta, fresh=fresh, feed=feed, status=status)
     if as_json:
         print(summary.model_dump_json())
+        _write_report(ws, as_json)
         return
     table = Table(title=f"{summary.run} ({summary.meta_policy})")
     for col in ("gen", "champion", "dev after train", "dev at end", "promoted", "rejected", "revised"):
@@ -437,6 +461,7 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
               f"{summary.steps_used} GRPO steps, {summary.seconds_used:.0f} s, ${summary.llm_dollars:.2f} meta-LLM; "
               f"{summary.skills} skills in memory. Stopped: {summary.stop_reason}.")
     con.print(f"next: `evotrainer branches {ws.path}`, `evotrainer skills list`, {ws.path / 'reports'}/")
+    _write_report(ws, as_json)
 
 
 def _llm_cost(text: str) -> list[float]:

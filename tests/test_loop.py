@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,6 +112,16 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     assert plan["interventions"][0]["transform"] == proven
     assert any(src.startswith("sk-") for src in plan["interventions"][0]["sources"])
     assert sum(s.retrieved for s in SkillStore(skills).list()) > 0
+
+    # the HTML report: `run` and `resume` wrote it; `report` names every candidate branch, one dev point a generation,
+    # and refers to nothing outside the page
+    assert (run / "reports" / "report.html").is_file() and "report: " in done.stderr
+    proc = run_cli("report", str(run), "--out", str(tmp_path / "report.html"))
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "report.html").read_text()
+    assert all(f'id="{b["branch"]}"' in page for b in branches)
+    assert page.count('class="dev-point"') == 2
+    assert not re.search(r"https?://|\bsrc=|\bhref=", page)
 
 
 @pytest.mark.slow

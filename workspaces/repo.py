@@ -361,6 +361,11 @@ class HarnessRepo:
         self._require_branch(branch)
         return self._git("diff", "--no-ext-diff", "--no-textconv", f"main...{branch}")
 
+    def diff_commits(self, base: str, head: str) -> str:
+        """The diff from one commit to another (a candidate against the champion commit it branched from, which
+        stays right after the branch is merged, unlike `diff`'s merge base)."""
+        return self._git("diff", "--no-ext-diff", "--no-textconv", base, head)
+
     def _require_branch(self, branch: str) -> None:
         try:
             self._git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")

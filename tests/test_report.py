@@ -1,0 +1,56 @@
+"""`evotrainer report`: the HTML page of a run with nothing trained yet, a hostile hypothesis, a gate's rejection."""
+
+import re
+
+from evotrainer.agents.schemas import VerdictRecord
+from evotrainer.workspaces.run import RunWorkspace
+
+from .conftest import run_cli
+
+HOSTILE = "If <script>alert(1)</script> & \"quotes\", dev improves"
+
+
+def _candidate(ws: RunWorkspace, name: str, weight: str, hypothesis: str) -> str:
+    repo = ws.harness
+    branch, wt = repo.create_candidate(1, name, ws.path / "worktrees")
+    y = wt / "harness.yaml"
+    y.write_text(y.read_text().replace("weight: 0.1 ", f"weight: {weight} "))
+    repo.commit(wt, f"Set the format weight to {weight}", intervention_id=f"i-{name}", hypothesis=hypothesis,
+                factor="reward.answer_format.weight", generation=1)
+    return branch
+
+
+def test_report_of_a_run_with_nothing_trained(tmp_path):
+    ws = RunWorkspace.create(tmp_path / "run", "math")
+    hostile = _candidate(ws, "hostile", "0.3", HOSTILE)
+    gated = _candidate(ws, "gated", "0.5", "If the format weight is 0.5, format failures drop")
+    verdict = VerdictRecord(branch=gated, decision="reject", reasons=["failed gate unsealed_reward <b>"],
+                            failed_gates=["unsealed_reward"], generation=1)
+    verdict.save(ws.verdict_path(gated))
+    ws.harness.reject(gated, 1, "failed gate unsealed_reward", verdict.model_dump())
+
+    proc = run_cli("report", str(ws.path))
+    assert proc.returncode == 0, proc.stderr
+    path = ws.path / "reports" / "report.html"
+    assert f"report: {path}" in proc.stdout.replace("\n", "")
+    page = path.read_text()
+    # every candidate, each with its status; the missing pieces named, not an error
+    assert hostile in page and gated in page
+    assert 'badge open">open (not judged yet)' in page and 'badge gate">rejected by a gate' in page
+    for missing in ("no backtest report yet", "no verdict yet", "no generation has been evaluated on sealed dev yet",
+                    "no health report yet", "no skill distilled yet", "no reports/summary.json"):
+        assert missing in page, missing
+    # the diff against the parent, coloured, and nothing of the hostile text left unescaped
+    assert '<span class="del">-    weight: 0.1' in page and '<span class="add">+    weight: 0.3' in page
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "failed gate unsealed_reward &lt;b&gt;" in page
+    assert not re.search(r"https?://|\bsrc=|\bhref=", page)
+
+    out = tmp_path / "elsewhere" / "r.html"
+    assert run_cli("report", str(ws.path), "--out", str(out)).returncode == 0 and out.read_text() == page
+
+
+def test_report_refuses_what_is_not_a_run(tmp_path):
+    proc = run_cli("report", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "is not an EvoTrainer run" in proc.stderr and "Traceback" not in proc.stderr
