@@ -28,8 +28,12 @@ DEFECTS = {
     "code/low_lr": ("update_size", "learning_rate"),
     "code/short_limit": ("truncation", "longer_limit"),
     "code/cold_pairs": ("identical_samples", "temperature"),  # and small_groups, more_generations: its second defect
+    "swe/history_leak": ("leak_usage", "close_leak"),
+    "swe/short_turns": ("context_overflow", "more_turns"),
+    "swe/leaky_short": ("leak_usage", "close_leak"),  # and its turn budget: context_overflow, more_turns
 }
-SECOND = {"code/cold_pairs": ("small_groups", "more_generations")}  # harnesses with two defects
+SECOND = {"code/cold_pairs": ("small_groups", "more_generations"),  # harnesses with two defects
+          "swe/leaky_short": ("context_overflow", "more_turns")}
 RECORDED = Path(__file__).resolve().parent / "data" / "flawed"  # evidence of real runs (record_evidence.py)
 
 

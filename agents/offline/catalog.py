@@ -570,7 +570,7 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
     Transform("close_leak", "env.tools", "env", "remove tools the sealed evaluation lacks",
               {"leak_usage": 1.5}, 0.0, close_leak),
     Transform("more_turns", "env.max_turns", "env", "raise the turn budget of an episode",
-              {"context_overflow": 1.2}, 0.0, more_turns),
+              {"context_overflow": 1.5}, 0.0, more_turns),
     Transform("clip_higher", "recipe.epsilon_high", "recipe", "raise the upper clip bound",
               {"logprob_collapse": 1.0, "optimizer_health": 0.3}, 0.15, clip_higher),
     Transform("more_iterations", "recipe.num_iterations", "recipe", "two updates per generated batch",
