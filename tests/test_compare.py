@@ -130,7 +130,7 @@ def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--domain", "swe"], "compare supports --domain math or code"),
+    (["--domain", "chess"], "compare supports --domain math, code or swe, not 'chess'"),
     (["--arms", "evotrainer,oracle"], "unknown arm 'oracle'"),
     (["--budget", "huge"], "unknown --budget 'huge'"),
     (["--arms", "reference,hpo"], "add evotrainer to --arms"),

@@ -308,10 +308,11 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
     if harness is None and domain is None:
         domain = "math"
     if domain is not None and domain not in DOMAINS:
-        raise UserError(f"compare supports --domain {' or '.join(DOMAINS)}, not {domain!r}")
+        raise UserError(f"compare supports --domain {', '.join(DOMAINS[:-1])} or {DOMAINS[-1]}, not {domain!r}")
     start_harness = checked_harness(domain, harness)  # its code too, in an isolated child: before anything is written
     if start_harness.domain not in DOMAINS:
-        raise UserError(f"compare supports harnesses of {' or '.join(DOMAINS)}, not {start_harness.domain!r}")
+        raise UserError(f"compare supports harnesses of {', '.join(DOMAINS[:-1])} or {DOMAINS[-1]}, not "
+                        f"{start_harness.domain!r}")
     domain = start_harness.domain
     out = writable_dir(out)
     request = {"domain": domain, "seeds": seeds, "arms": arms, "budget": budget_name,
