@@ -121,7 +121,8 @@ def search_before_edit(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Findin
     first_edit = a[ok & (a["tool"] == "edit")].groupby("ep")["pos"].min()
     if first_edit.empty:
         return []
-    first_look = a[ok & a["tool"].isin(LOOKS)].groupby("ep")["pos"].min().reindex(first_edit.index, fill_value=np.inf)
+    first_look = a[ok & a["tool"].isin(LOOKS)].groupby("ep")["pos"].min().astype(float).reindex(first_edit.index,
+                                                                                         fill_value=np.inf)
     blind = first_edit < first_look
     frac = float(blind.mean())
     sev, thr = _level(frac, t["warning"], t["critical"])
