@@ -20,6 +20,15 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return path
 
 
+def set_aside(path: Path, name: Path) -> Path:
+    """Where to move `path` so that nothing is overwritten: `name`, else `name` numbered (-2, -3, ...)."""
+    target, n = name, 1
+    while target.exists():
+        n += 1
+        target = name.with_name(f"{name.stem}-{n}{name.suffix}" if path.is_file() else f"{name.name}-{n}")
+    return target
+
+
 def writable_dir(out: Path) -> Path:
     """`out`, created when missing and checked writable (one UserError otherwise), resolved."""
     try:

@@ -10,7 +10,7 @@ from evotrainer.agents.critic import choose, judge, merge_llm_verdict, posterior
 from evotrainer.agents.offline.catalog import CATALOG, apply
 from evotrainer.agents.offline.edits import EditError, remove_reward, set_knob, set_threshold
 from evotrainer.agents.offline.policy import OfflinePolicy
-from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, PlanInput, Verdict, VerdictRecord
+from evotrainer.agents.schemas import Diagnosis, Edit, Intervention, LineageEntry, PlanInput, Verdict, VerdictRecord
 from evotrainer.base.config import LoopConfig, PromotionRule
 from evotrainer.graph.lessons import lesson_of
 from evotrainer.memory.distill import distill, trigger_of
@@ -143,9 +143,10 @@ def _comment(line: str) -> str:
 
 
 def test_catalog_edits_keep_every_comment_and_touch_only_the_edited_key():
-    """Every catalog edit of harness.yaml, on each template: the lines that change are those of the one key it edits;
-    every other line stays byte for byte, and a changed line keeps its comment unless the edit says why it changed
-    (a knob) or the line went with its item (a removed reward)."""
+    """Every catalog edit of harness.yaml, on each template: the lines that change are those of the key it edits
+    (the keys, for a transform of several: `Transform.sets`); every other line stays byte for byte, and a changed
+    line keeps its comment unless the edit says why it changed (a knob) or the line went with its item (a removed
+    reward)."""
     import difflib
     import re
 
@@ -165,11 +166,15 @@ def test_catalog_edits_keep_every_comment_and_touch_only_the_edited_key():
                 a, b = yaml.safe_load(old), yaml.safe_load(new)
                 (top,) = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]  # one top-level key edited
                 if top == "trainer":
-                    (key,) = [k for k in a["trainer"].keys() | b["trainer"].keys()
-                              if a["trainer"].get(k) != b["trainer"].get(k)]
-                    assert len(added) == 1 and len(removed) <= 1, (tid, diff)
-                    assert added[0].startswith(f"  {key}: ") and all(r.startswith(f"  {key}: ") for r in removed)
-                    assert _comment(added[0]) == change.change  # the old comment explained the old value
+                    keys = {k for k in a["trainer"].keys() | b["trainer"].keys()
+                            if a["trainer"].get(k) != b["trainer"].get(k)}
+                    assert keys == set(CATALOG[tid].knobs) or (len(keys) == 1 and not CATALOG[tid].sets), (tid, keys)
+                    assert len(added) == len(keys) and len(removed) <= len(keys), (tid, diff)
+                    for line in added:  # one line per key, each with the reason it changed
+                        (key,) = [k for k in keys if line.startswith(f"  {k}: ")]
+                        assert all(r.startswith(tuple(f"  {k}: " for k in keys)) for r in removed)
+                        # the old comment explained the old value
+                        assert _comment(line) == change.change if len(keys) == 1 else _comment(line)
                 elif top == "rewards":
                     names = {r["name"] for r in a["rewards"]} ^ {r["name"] for r in b["rewards"]} or \
                         {r["name"] for r in a["rewards"] if r not in b["rewards"]}
@@ -471,7 +476,7 @@ def test_with_no_finding_the_planner_explores_by_expected_gain_under_memory():
     silent = [iv.transform for iv in policy.plan(inp).interventions]
     explorers = sorted((t for t in CATALOG.values() if t.explore > 0 and apply(t.id, TEMPLATE, [])),
                        key=lambda t: -t.explore)
-    assert silent == [t.id for t in explorers] and silent[:3] == ["loss_type", "scale_rewards", "drop_dead_groups"]
+    assert silent == [t.id for t in explorers] and silent[:3] == ["dr_grpo_objective", "loss_type", "scale_rewards"]
     assert not {t for t in silent if CATALOG[t].kind == "reward"}
     flat = Prior(mean=0.0, sd=0.003, n=6, source="six tests near zero")
     good = Prior(mean=0.01, sd=0.004, n=3, source="three positive tests")
@@ -479,6 +484,43 @@ def test_with_no_finding_the_planner_explores_by_expected_gain_under_memory():
     got = [iv.transform for iv in informed.interventions]
     assert got[0] == silent[-1] and got[-1] == "loss_type" and set(got) == set(silent)
     assert "loss_type" in informed.rationale and "memory: 6 test(s)" in informed.rationale
+
+
+def test_dr_grpo_objective_is_one_change_and_exploration_never_undoes_a_promotion(tmp_path):
+    """Dr. GRPO's objective sets both of its keys in one change (a harness that loads), only where neither half is
+    set yet. Once a promotion on the lineage set a knob, exploration stops proposing changes to it (the single
+    halves, each of which would now undo half of what was measured); a finding that calls for one reopens it."""
+    change = apply("dr_grpo_objective", TEMPLATE, [])
+    (tmp_path / "harness.yaml").write_text(change.files["harness.yaml"])
+    for name in ("rewards.py", "filters.py"):
+        (tmp_path / name).write_text(TEMPLATE[name])
+    knobs = load_spec(tmp_path).trainer
+    assert (knobs["loss_type"], knobs["scale_rewards"]) == ("dr_grpo", "none")
+    assert apply("dr_grpo_objective", {**TEMPLATE, **change.files}, []) is None  # already Dr. GRPO: nothing to change
+    half = apply("loss_type", TEMPLATE, []).files
+    assert apply("dr_grpo_objective", {**TEMPLATE, **half}, []) is None
+    assert CATALOG["dr_grpo_objective"].knobs == ("loss_type", "scale_rewards")
+    assert CATALOG["loss_type"].knobs == ("loss_type",) and CATALOG["drop_dead_groups"].knobs == ()
+
+    policy = OfflinePolicy()
+    promoted = LineageEntry(generation=1, branch="cand/g1-dr-grpo-objective", factor="recipe.objective",
+                            transform="dr_grpo_objective", status="promoted", effect=0.02)
+    champion = {**TEMPLATE, **change.files}
+    inp = PlanInput(generation=2, domain="math", k=20, diagnosis=Diagnosis(generation=2, summary="healthy"),
+                    findings=[], files=champion, lineage=[promoted])
+    plan = policy.plan(inp)
+    got = [iv.transform for iv in plan.interventions]
+    assert got and not {"loss_type", "scale_rewards", "dr_grpo_objective"} & set(got)
+    assert "loss_type not explored: it would change loss_type, which dr_grpo_objective set" in plan.rationale
+    # the same lineage with the promotion rejected instead: the halves are explored again
+    lost = promoted.model_copy(update={"status": "rejected"})
+    rejected = inp.model_copy(update={"files": TEMPLATE, "lineage": [lost], "tried": ["recipe.objective"]})
+    assert {"loss_type", "scale_rewards"} <= {iv.transform for iv in policy.plan(rejected).interventions}
+    # a finding that calls for the loss reopens it
+    corr = Finding(analyzer="length_reward_correlation", metric="length_reward_corr", value=0.6, severity="critical",
+                   message="longer answers are paid more")
+    found = policy.plan(inp.model_copy(update={"findings": [corr]}))
+    assert "loss_type" in [iv.transform for iv in found.interventions]
 
 
 def test_a_leak_gate_puts_closing_the_leak_first():

@@ -204,6 +204,36 @@ def test_processes_running_one_comparison_share_its_cells(tmp_path):
     assert [c.arm for c in two._seed(0, wait=False)] == ["reference", "dr_grpo"]
 
 
+def test_a_cell_that_no_longer_fits_its_evotrainer_cell_is_stale(tmp_path):
+    """A static cell trains the EvoTrainer cell's main-line steps and the search spends its total: once the EvoTrainer
+    cell was computed again with other steps, the cells matched to the old one are stale (the smoke comparison
+    below shows one set aside and computed again); set_aside never overwrites."""
+    from evotrainer.base.files import set_aside
+    from evotrainer.compare import Compare
+    from evotrainer.compare.hpo import Search, Trial
+
+    budget = BUDGETS["smoke"].model_copy(update={"k": 0})
+    cmp = Compare(tmp_path, starting_harness("math"), [0], ["evotrainer", "reference", "hpo"], budget, "smoke",
+                  tmp_path / "warm", "cmd")
+    ref = Cell(arm="reference", seed=0, checkpoint="/x", main_steps=4, total_steps=4, cpu_seconds=1, wall_seconds=1,
+               test_accuracy=0.5, test_avg_at_k=0.5, item_ids=["a"], greedy_correct=[True])
+    assert cmp._stale(ref, 4, 9) == ""
+    assert cmp._stale(ref, 6, 9) == "trained 4 main-line steps, EvoTrainer's line now has 6"
+    assert cmp._stale(ref.model_copy(update={"arm": "evotrainer"}), 6, None) == ""  # a loop cell sets the steps
+    ts = cmp.trial_steps(4)
+    n = trial_count(12, 4, ts)
+    trials = [Trial(number=i, params={}, dev_accuracy=0.5, checkpoint="/t") for i in range(n)]
+    hpo = ref.model_copy(update={"arm": "hpo", "search": Search(trial_steps=ts, trials=trials, chosen=0, startup=2)})
+    assert cmp._stale(hpo, 4, 12) == ""
+    more = trial_count(12 + 3 * ts, 4, ts)
+    assert cmp._stale(hpo, 4, 12 + 3 * ts) == f"ran {n} trials, EvoTrainer's steps now pay for {more}"
+    (tmp_path / "a.json").write_text("1")
+    (tmp_path / "a.stale.json").write_text("2")
+    assert set_aside(tmp_path / "a.json", tmp_path / "a.stale.json") == tmp_path / "a.stale-2.json"
+    (tmp_path / "d").mkdir()
+    assert set_aside(tmp_path / "d", tmp_path / "d") == tmp_path / "d-2"
+
+
 def _files(*roots: Path) -> dict[Path, int]:
     """Every file under `roots` with its modification time: a training or an evaluation adds or rewrites some."""
     return {p: p.stat().st_mtime_ns for root in roots for p in root.rglob("*") if p.is_file()}
@@ -262,6 +292,15 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     assert last_json(again.stdout) == last_json(res.stdout)
     assert json.loads(old.read_text())["sampled_correct"] == ref["sampled_correct"]
     assert json.loads(older.read_text())["promotions"] == evo["promotions"]
+    # a static cell matched to an EvoTrainer cell that has since changed its steps: set aside and computed again
+    # (here from the checkpoint of the right length already on disk: its training is not redone)
+    old.write_text(json.dumps({**ref, "main_steps": ref["main_steps"] + 2, "total_steps": ref["main_steps"] + 2}))
+    third = run_cli(*args)
+    assert third.returncode == 0 and _files(out / "static") == {p: t for p, t in trained.items()
+                                                                  if p.is_relative_to(out / "static")}
+    assert json.loads((out / "cells" / "reference-s0.stale.json").read_text())["main_steps"] == ref["main_steps"] + 2
+    again_ref = json.loads(old.read_text())
+    assert (again_ref["main_steps"], again_ref["greedy_correct"]) == (ref["main_steps"], ref["greedy_correct"])
     other = run_cli(*[a if a != arms else "reference" for a in args])
     assert other.returncode == 2 and "holds a comparison with other settings" in other.stderr
 

@@ -54,6 +54,12 @@ class Transform:
     # nothing of either (the order the literature and the templates' own tuning suggest, see CATALOG)
     explore: float
     make: Callable[[Files, list[Finding]], Change | None]
+    sets: tuple[str, ...] = ()  # the `trainer.<key>`s a recipe transform of several keys sets (one key: its factor)
+
+    @property
+    def knobs(self) -> tuple[str, ...]:
+        """The `trainer.<key>`s this transform sets: exploration does not undo what a promotion set (policy.py)."""
+        return self.sets or ((self.factor.split(".", 1)[1],) if self.kind == "recipe" else ())
 
 
 def _spec(files: Files) -> dict:
@@ -397,6 +403,26 @@ def loss_type(files: Files, findings: list[Finding]) -> Change | None:
                         f"If the loss is aggregated as {new}, the length bias of {cur} goes and dev accuracy improves.")
 
 
+def dr_grpo_objective(files: Files, findings: list[Finding]) -> Change | None:
+    """Dr. GRPO's objective (Liu et al. 2025, "Understanding R1-Zero-like training"): the policy gradient without
+    either of GRPO's two normalisations, a sum over tokens divided by a constant instead of each completion's length,
+    and advantages not divided by the group's standard deviation. One factor, two keys: the paper derives both as
+    biases of the same objective, and the halves tested alone measure half the effect each (docs/results/README.md,
+    code). Not where either half is already set, nor on a loss Dr. GRPO does not start from (grpo: per-sequence)."""
+    loss, scale = _knob(files, "loss_type", "dapo"), str(_knob(files, "scale_rewards", "group"))
+    if loss not in ("dapo", "bnpo") or scale != "group":
+        return None
+    text = set_knob(files["harness.yaml"], "loss_type", "dr_grpo", comment="Dr. GRPO's objective: no length "
+                                                                             "normalisation")
+    text = set_knob(text, "scale_rewards", "none", comment="Dr. GRPO's objective: no std normalisation")
+    return Change({"harness.yaml": text},
+                  f"train on Dr. GRPO's objective (loss_type {loss} -> dr_grpo, scale_rewards group -> none)",
+                  "If the policy gradient drops both of GRPO's normalisations (per-completion length and the group's "
+                  "reward spread), easy and hard prompts and short and long answers weigh as they should, and dev "
+                  "accuracy improves.",
+                  ExpectedEffect(metric="dev_accuracy", direction="up", size=0.01))
+
+
 def more_generations(files: Files, findings: list[Finding]) -> Change | None:
     ng = int(_knob(files, "num_generations"))
     bs = int(_knob(files, "per_device_train_batch_size"))
@@ -543,8 +569,10 @@ def tighten_truncation(files: Files, findings: list[Finding]) -> Change | None:
 
 # `explore`: a recipe-level change worth testing on any harness, proposed with no finding calling for it, larger
 # first while memory has measured neither (after that, what memory measured ranks them: policy.py). The order:
-# Dr. GRPO's length-unbiased loss and its advantage scaling first (`docs/results/wave1/`: the dr_grpo recipe measured
-# +0.012 [-0.001, +0.023] on code), DAPO's dynamic sampling (zero_var: +0.005 on code), sampling temperature and
+# Dr. GRPO's objective first, both halves at once (`docs/results/wave1/`: the dr_grpo recipe measured +0.012 [-0.001,
+# +0.023] on code; the second comparison +0.016 [+0.005, +0.027], while the loop testing each half alone promoted
+# one half on two seeds of three), then each half alone (its length-unbiased loss, its advantage scaling), DAPO's
+# dynamic sampling (zero_var: +0.005 on code), sampling temperature and
 # group size; more updates per batch low (the clip_higher recipe, which needs them, measured -0.016 and -0.026);
 # the learning rate last (the templates' was tuned, DESIGN §12). Reward, filter and environment changes wait for
 # a finding: a reward edited with no evidence of a problem is an invitation to a hack.
@@ -575,6 +603,9 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
               {"logprob_collapse": 1.0, "optimizer_health": 0.3}, 0.15, clip_higher),
     Transform("more_iterations", "recipe.num_iterations", "recipe", "two updates per generated batch",
               {}, 0.1, more_iterations),
+    Transform("dr_grpo_objective", "recipe.objective", "recipe", "Dr. GRPO's objective (both normalisations off)",
+              {"length_reward_correlation": 0.8, "reward_spread": 0.5}, 0.6, dr_grpo_objective,
+              sets=("loss_type", "scale_rewards")),
     Transform("loss_type", "recipe.loss_type", "recipe", "change the loss aggregation",
               {"length_reward_correlation": 1.0}, 0.5, loss_type),
     Transform("more_generations", "recipe.num_generations", "recipe", "more completions per prompt",

@@ -7,7 +7,8 @@ The embedded default when no meta-LLM is configured, and labelled as rule-based 
   the findings call for it plus its expected gain under memory's prior (`memory.prior.expected_gain`, in units
   of what a change memory knows nothing of is expected to gain): a change measured near zero many times sinks,
   an untested one keeps its full exploration value, one measured positive rises. Ties (memory silent, no
-  finding) go by `explore`, the order the literature and the template's own tuning suggest. A positive skill for
+  finding) go by `explore`, the order the literature and the template's own tuning suggest; with no finding, a
+  change to a knob a promotion on this lineage set is not explored (only a finding reopens it). A positive skill for
   the transform (retrieved for a similar diagnosis) ranks it ahead of the rest, a negative skill (blocked by a
   gate, or measured harmful) recorded under the same diagnosis removes it, a negative one under another
   diagnosis lowers it; an inconclusive one does neither. The ranked list goes through the Planners' one filter
@@ -80,7 +81,10 @@ class OfflinePolicy:
 
     def plan(self, inp: PlanInput) -> Plan:
         unknown = expected_gain(Prior.vague(inp.prior_sd))
-        scored = []
+        # the knobs promotions set on this lineage: exploration does not undo them, only a finding reopens one
+        promoted = {k: e.transform for e in inp.lineage if e.status == "promoted" and e.transform in CATALOG
+                    for k in CATALOG[e.transform].knobs}
+        scored, undo = [], []
         for t in CATALOG.values():
             if t.kind == "diagnostics":
                 continue
@@ -110,10 +114,15 @@ class OfflinePolicy:
                 sources.append(sk.id)
             if not (strongest or proven or t.explore > 0) or score <= 0:
                 continue
+            if not (strongest or proven) and (knob := next((k for k in t.knobs if k in promoted), None)):
+                undo.append(f"{t.id} not explored: it would change {knob}, which {promoted[knob]} set in a "
+                            "promotion on this lineage")
+                continue
             scored.append(((proven, round(score, 6), t.explore), t, self._intervention(inp.generation, t, change,
                                                                                        sources), prior))
         scored.sort(key=lambda x: x[0], reverse=True)
         kept, notes = admissible([iv for _, _, iv, _ in scored], inp)
+        notes += undo
         ids = {iv.id for iv in kept}
         ranking = ", ".join(f"{t.id} {s:.2f}{' (proven)' if p else ''}"
                             + (f" [memory: {prior.n} test(s), {prior.mean:+.3f} ± {prior.sd:.3f}]" if prior.n else "")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from evotrainer.base.errors import UserError
-from evotrainer.base.files import atomic_write_text, writable_dir
+from evotrainer.base.files import atomic_write_text, set_aside, writable_dir
 from evotrainer.compare.arms import (
     ARMS,
     BUDGETS,
@@ -24,6 +24,7 @@ from evotrainer.compare.arms import (
     line_steps,
     static_harness,
 )
+from evotrainer.compare.hpo import trial_count
 from evotrainer.compare.report import write_report
 from evotrainer.compare.results import Cell, Comparison, summarize
 from evotrainer.workspaces.source import StartingHarness
@@ -76,7 +77,12 @@ class Compare:
                 # written before promotions were measured against the control arm, or the lineage kept the MDE
                 cell = cell.model_copy(update=self._remeasure(arm, seed))
                 atomic_write_text(path, cell.model_dump_json(indent=1))
-            return cell
+            stale = self._stale(cell, main_steps, total_steps)
+            if not stale:
+                return cell
+            # matched to an EvoTrainer cell that has since been computed again: kept beside, computed anew
+            path.replace(set_aside(path, path.with_suffix(".stale.json")))
+            self.status(f"{arm} seed {seed}: the cell on record {stale}: computed again")
         self.status(f"{arm} seed {seed}")
         started, cpu = time.time(), _cpu()
         if arm in LOOPS:
@@ -89,6 +95,22 @@ class Compare:
                                        "wall_seconds": round(time.time() - started, 1)})
         atomic_write_text(path, cell.model_dump_json(indent=1))
         return cell
+
+    def trial_steps(self, main_steps: int) -> int:
+        return min(self.budget.hpo_trial_steps or self.loop_config().train_steps, main_steps)
+
+    def _stale(self, cell: Cell, main_steps: int, total_steps: int | None) -> str:
+        """Why a cell on record no longer fits the EvoTrainer cell of its seed ('' when it does): a static arm
+        trains as many main-line steps, the search spends as many GRPO steps (its number of trials)."""
+        if cell.arm in LOOPS:
+            return ""
+        if cell.main_steps != main_steps:
+            return f"trained {cell.main_steps} main-line steps, EvoTrainer's line now has {main_steps}"
+        if cell.search is not None and total_steps is not None:
+            trials = trial_count(total_steps, main_steps, self.trial_steps(main_steps))
+            if len(cell.search.trials) != trials:
+                return f"ran {len(cell.search.trials)} trials, EvoTrainer's steps now pay for {trials}"
+        return ""
 
     def _test(self, checkpoint: Path, seed: int, work: Path, k: int | None = None):
         from evotrainer.trainer import jobs
@@ -103,6 +125,8 @@ class Compare:
         harness = static_harness(self.harness, arm, self.out / "harnesses" / arm)
         work = self.out / "static" / f"{arm}-s{seed}"
         ckpt = work / "checkpoints" / "policy"
+        if (ckpt / "meta.json").is_file() and (had := line_steps(ckpt, self.start)) != steps:
+            work.rename(set_aside(work, work.with_name(f"{work.name}-{had}steps")))  # a stale cell's training
         if not (ckpt / "meta.json").is_file():
             # the loop's main line of the same seed, never evolved: its horizon (schedule, data order), at once
             spec = TrainSpec(domain=self.domain, checkpoint=str(self.start), harness_dir=str(harness), steps=steps,
@@ -125,7 +149,7 @@ class Compare:
         loop = self.loop_config()
         ckpt, search = run_search(self.harness, self.start, self.out / "hpo" / f"s{seed}", seed=seed,
                                   total_steps=total_steps, main_steps=main_steps,
-                                  trial_steps=self.budget.hpo_trial_steps or loop.train_steps,
+                                  trial_steps=self.trial_steps(main_steps),
                                   horizon=max(self.horizon(), main_steps), dev_items=loop.backtest.dev_items)
         ev = self._test(ckpt, seed, ckpt.parent.parent)
         return Cell(arm="hpo", seed=seed, checkpoint=str(ckpt), main_steps=line_steps(ckpt, self.start),

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from evotrainer.base.errors import UserError
-from evotrainer.base.files import atomic_write_text
+from evotrainer.base.files import atomic_write_text, set_aside
 from evotrainer.compare.arms import recipe_harness
 from evotrainer.workspaces.source import StartingHarness
 
@@ -171,6 +171,8 @@ def run_search(base: StartingHarness, start: Path, work: Path, *, seed: int, tot
         return Path(best.checkpoint), search
     final = work / "final"
     ckpt = final / "checkpoints" / "policy"
+    if (ckpt / "meta.json").is_file() and (had := json.loads((ckpt / "meta.json").read_text()).get("steps")) != rest:
+        final.rename(set_aside(final, final.with_name(f"final-{had}steps")))  # continued for another main line
     if not (ckpt / "meta.json").is_file():
         harness = work / f"t{best.number}" / "harness"
         cont = jobs.continuation(best.checkpoint, harness)
