@@ -36,6 +36,48 @@ def test_train_prints_one_json_summary(trained):
     assert (out / "checkpoints").is_dir() and res["checkpoint"].startswith(str(out))
 
 
+def test_training_curves_are_in_tensorboard_under_the_run(trained):
+    """TRL's curves of every logged step, read back with TensorBoard's own event reader from where the parent keeps
+    them (the child's directory is gone): the reward and the KL under the names TRL users know."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, res = trained
+    assert not (out / "child").exists()
+    (events,) = (out / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "train/reward" in tags, tags
+    reward = acc.Scalars("train/reward")
+    assert [e.step for e in reward] == list(range(1, STEPS + 1))
+    steps = read_steps(res["evidence"]).to_pandas()
+    assert [e.value for e in reward] == pytest.approx(steps.reward.tolist(), abs=1e-5)
+    assert "train/kl" not in tags  # TRL logs a KL only where the harness sets a KL penalty: below
+
+
+def test_a_kl_penalty_adds_its_curve(tiny_policy, tmp_path):
+    import shutil
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from evotrainer.agents.offline.edits import set_knob
+
+    harness = tmp_path / "harness"
+    shutil.copytree(TEMPLATES / "math", harness)
+    (harness / "harness.yaml").write_text(set_knob((harness / "harness.yaml").read_text(), "beta", 0.05))
+    proc = run_cli("train", "--domain", "math", "--steps", "2", "--seed", "0", "--out", str(tmp_path / "run"),
+                   "--harness", str(harness), "--checkpoint", str(tiny_policy), "--eval-limit", "10",
+                   "--eval-k", "0", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (events,) = (tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events))
+    acc.Reload()
+    kl = acc.Scalars("train/kl")
+    assert [e.step for e in kl] == [1, 2] and all(e.value >= 0 for e in kl)
+    steps = read_steps(last_json(proc.stdout)["evidence"]).to_pandas()
+    assert [e.value for e in kl] == pytest.approx(steps.kl.tolist(), abs=1e-6)
+
+
 def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
     out, res = trained
     rows = read_rollouts(res["evidence"]).to_pandas()

@@ -76,7 +76,7 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
     return GRPOConfig(
         output_dir=str(child_dir(spec) / "trl"), max_steps=spec.horizon or spec.steps, seed=spec.seed,
         data_seed=spec.seed,
-        use_cpu=True, bf16=False, activation_checkpointing=False, report_to=[], logging_steps=1,
+        use_cpu=True, bf16=False, activation_checkpointing=False, report_to=["tensorboard"], logging_steps=1,
         save_strategy="steps", save_steps=spec.save_every, save_total_limit=1, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, reward_weights=reward_weights, **knobs,
     )
@@ -261,6 +261,9 @@ def train(spec: TrainSpec) -> dict:
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
     started = time.time()
     out = child_dir(spec)
+    # TRL's training curves (train/reward, train/kl, ...) under the child's directory; the parent keeps them under the
+    # job's out_dir (jobs.keep_curves), so that `tensorboard --logdir RUN` shows every arm of a run side by side
+    os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
     hspec = load_spec(spec.harness_dir)
     reward_funcs = load_reward_functions(spec.harness_dir, hspec)
     model, tokenizer = load_policy(spec.checkpoint)

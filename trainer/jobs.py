@@ -225,9 +225,23 @@ def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limi
     }
     dest = Path(spec.checkpoints_dir) / spec.checkpoint_id
     _install_policy(out / "final", dest, meta, state=out / "state" if spec.keep_state else None)
+    keep_curves(out / "tensorboard", Path(spec.out_dir) / "tensorboard")
     shutil.rmtree(out, ignore_errors=True)
     atomic_write_text(Path(spec.result_path), json.dumps(meta))
     return meta
+
+
+def keep_curves(written: Path, dest: Path) -> list[Path]:
+    """Move the TensorBoard event files a training child wrote (regular files named as TensorBoard names them, at
+    any depth, nothing else) into `dest`, one directory per job: `tensorboard --logdir RUN` lists each job by its
+    path in the run. A job that resumed after a crash wrote two files; both are kept (TensorBoard merges them)."""
+    kept = []
+    for p in sorted(written.rglob("events.out.tfevents.*")) if written.is_dir() else []:
+        if p.is_file() and not p.is_symlink():
+            dest.mkdir(parents=True, exist_ok=True)
+            os.replace(p, dest / p.name)
+            kept.append(dest / p.name)
+    return kept
 
 
 def _regular_files_only(d: Path) -> None:
