@@ -415,6 +415,20 @@ def report(
     Console().print(f"report: {write_report(run, out)}", highlight=False, soft_wrap=True)
 
 
+@app.command()
+def analyze(
+    runs: Annotated[list[Path], typer.Argument(help="run directories (any domains, finished or in progress)")],
+    out: Annotated[Path | None, typer.Option(help="output folder (default: RUN/reports/analysis for one run, "
+                                                  "else ./analysis)")] = None,
+) -> None:
+    """Three trajectory analyses over runs: strategies retained per domain, invalid branches the gates blocked,
+    skills shaping search (Markdown, JSON and three PNGs)."""
+    from evotrainer.analyze import analyze as run_analysis
+
+    dest = out or (runs[0] / "reports" / "analysis" if len(runs) == 1 else Path("analysis"))
+    Console().print(f"analysis: {run_analysis(runs, dest)}", highlight=False, soft_wrap=True)
+
+
 def _write_report(ws, as_json: bool) -> None:
     """The report at the end of `run` and `resume`: its path, or why it was not written (the run itself is done)."""
     from evotrainer.report import write_report

@@ -50,6 +50,7 @@ class RunReport(BaseModel):
     """What the page shows, read from the run directory (None or empty: not written yet)."""
 
     name: str
+    path: str
     domain: str
     summary: RunSummary | None
     lineage: list[BranchRecord]
@@ -105,7 +106,7 @@ def read_run(run: str | Path) -> RunReport:
         dev_start = starts[0].accuracy if len(starts) == 1 else None
     health = [h for p in sorted(reports.glob("health-g*-*.json")) if (h := _load(HealthReport, p, bad))]
     health.sort(key=lambda h: (h.generation if h.generation is not None else -1, h.branch or ""))
-    return RunReport(name=ws.path.name, domain=ws.config().domain, summary=summary, lineage=lineage,
+    return RunReport(name=ws.path.name, path=str(ws.path), domain=ws.config().domain, summary=summary, lineage=lineage,
                      verdicts=verdicts, backtests=backtests, diffs=diffs, dev=dict(sorted(dev.items())),
                      dev_start=dev_start, health=health,
                      events=EventLog(ws.path / "events.jsonl").read(), unreadable=bad)
@@ -293,6 +294,14 @@ def cost_html(rep: RunReport) -> str:
     return total + f"<p>Seconds (and meta-LLM dollars) per node:</p><table>{head}{body}</table>"
 
 
+def analyses_html(rep: RunReport) -> str:
+    """`evotrainer analyze`'s three analyses of this run alone (their figures: `evotrainer analyze RUN`)."""
+    from evotrainer.analyze import Analysis, read_facts, sections
+
+    facts = read_facts(rep.path, rep)
+    return "".join(sec.html() for sec in sections(Analysis(runs=[facts])))
+
+
 def render(rep: RunReport) -> str:
     """The whole page."""
     s = rep.summary
@@ -308,6 +317,7 @@ def render(rep: RunReport) -> str:
         ("Analyzer severities across generations", health_table(rep)),
         ("Skills distilled", skills_table(rep)),
         ("Cost", cost_html(rep)),
+        ("Trajectory analyses", analyses_html(rep)),
     ]
     body = "".join(f"<h2>{escape(t)}</h2>{html}" for t, html in sections)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>EvoTrainer run '
