@@ -1,16 +1,16 @@
 """The repair benchmark: EvoTrainer started from harnesses as practitioners write them, defects included.
 
     python benchmarks/repair.py [--domain math] [--seeds 3] [--out ~/evotrainer-repair] [--only NAME,...]
-                                [--budget default|smoke] [--clean]
+                                [--budget default|smoke] [--clean] [--jobs N]
 
 For each flawed harness of `benchmarks/flawed/<domain>/` (`--clean`: the domain's template too, where nothing is to
 be repaired and the loop must not lose), `evotrainer compare --harness H` with the arms `evotrainer`, `reference`
 (H never evolved) and `hpo` (a hyperparameter search over H's recipe at EvoTrainer's steps), every arm from the
 cached warm policy, seeds 0..S-1, the comparison's default budget. Each harness is one compare directory
-`OUT/<domain>-<name>/`, whose cells are written when done: rerun the same command to resume, or run it in two
-processes side by side to share the cells. What the evidence said of a seed (the analyzer at the end of
-EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the committed
-cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
+`OUT/<domain>-<name>/`, whose cells are written when done: rerun the same command to resume; `--jobs 2` computes
+two cells at a time (compare's processes sharing the cells). What the evidence said of a seed (the analyzer at the
+end of EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the
+committed cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
 
 Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: the defect (the analyzer whose evidence shows it,
 the catalog transform that repairs it: the `DEFECTS` table of tests/test_flawed.py, read from each harness's
@@ -100,7 +100,7 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzer: str) -> t
     return silent, ref
 
 
-def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str) -> dict:
+def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str, jobs: int = 1) -> dict:
     from evotrainer.compare import compare
     from evotrainer.compare.report import search_effect
     from evotrainer.compare.results import Comparison
@@ -110,7 +110,7 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
     started = time.time()
     comparison: Comparison = compare(cmp_dir, domain if name == "clean" else None, seeds, ARMS, budget, None,
                                      f"python benchmarks/repair.py --domain {domain} --only {name}",
-                                     harness=None if name == "clean" else harness)
+                                     harness=None if name == "clean" else harness, jobs=jobs)
     by = {(c.arm, c.seed): c for c in comparison.cells}
     seeds_rows = []
     for s in comparison.seeds:
@@ -165,6 +165,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated harness names (default: all of the domain)")
     ap.add_argument("--budget", default="default")
     ap.add_argument("--clean", action="store_true", help="also the domain's template (nothing to repair)")
+    ap.add_argument("--jobs", type=int, default=1, help="cells at a time, each in its own process (compare --jobs)")
     args = ap.parse_args()
     apply_offline_switches()
     names = sorted(p.parent.name for p in (FLAWED / args.domain).glob("*/harness.yaml"))
@@ -178,7 +179,8 @@ def main() -> None:
     rows = []
     for name in (["clean"] if args.clean else []) + names:
         print(f"> {args.domain}/{name}", flush=True)
-        rows.append(harness_row(args.domain, name, FLAWED / args.domain / name, args.out, args.seeds, args.budget))
+        rows.append(harness_row(args.domain, name, FLAWED / args.domain / name, args.out, args.seeds, args.budget,
+                                args.jobs))
         (args.out / "repair.json").write_text(json.dumps(rows, indent=1))
         (args.out / "repair.md").write_text(f"# Repair benchmark: {args.domain}\n\nCommand: `python "
                                             f"{' '.join(sys.argv)}`\n\n" + table(rows) + "\n")

@@ -589,6 +589,8 @@ def compare(
     arms: Annotated[str | None, typer.Option(help=f"comma-separated subset of: {', '.join(ARMS)}")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="starting policy of every arm (default: the cached warm "
                                                          "policy of seed 0)")] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="cells computed at a time, each in its own process (one training "
+                                                  "core each; the extra processes die with this one)")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the arm summaries as JSON")] = False,
 ) -> None:
     """EvoTrainer against static recipes and its ablations: same warm policy, seeds and sealed test."""
@@ -602,7 +604,7 @@ def compare(
                                                                               highlight=False))
         result = run_compare(out, domain, seeds, arms.split(",") if arms else None, budget,
                              checkpoint, command, status=status, on_progress=feed("warm-up (SFT, cached)"),
-                             harness=harness)
+                             harness=harness, jobs=jobs)
     if as_json:
         print(json.dumps([s.model_dump() for s in result.summaries]))
         return

@@ -134,6 +134,7 @@ def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
     (["--arms", "evotrainer,oracle"], "unknown arm 'oracle'"),
     (["--budget", "huge"], "unknown --budget 'huge'"),
     (["--arms", "reference,hpo"], "add evotrainer to --arms"),
+    (["--jobs", "0"], "--jobs"),
 ])
 def test_bad_requests_are_one_clear_error_and_write_nothing(args, message, tmp_path):
     out = tmp_path / "cmp"
@@ -245,9 +246,12 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     arms = "reference,evotrainer,replay_only,hpo"
     args = ["compare", "--domain", "math", "--seeds", "1", "--budget", "smoke", "--arms", arms,
             "--checkpoint", str(tiny_policy), "--out", str(out), "--json"]
-    res = run_cli(*args)
+    res = run_cli(*args, "--jobs", "2")  # a second process shares the cells
     assert res.returncode == 0, res.stderr[-2000:]
     summaries = {s["arm"]: s for s in json.loads(res.stdout.strip().splitlines()[-1])}
+    worker = (out / "logs" / "worker-1.log").read_text()
+    (printed,) = [line for line in worker.splitlines() if line.startswith("[")]  # its summaries, as --json prints
+    assert json.loads(printed) == json.loads(res.stdout.strip().splitlines()[-1])
     assert list(summaries) == ["evotrainer", "reference", "hpo", "replay_only"]  # EvoTrainer first: others match it
     report = json.loads((out / "compare.json").read_text())
     cells = {c["arm"]: c for c in report["cells"]}
@@ -272,7 +276,7 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
         assert line_steps(Path(p["after"])) == line_steps(Path(p["before"]))
     assert summaries["evotrainer"]["vs_reference"] is not None
     md = (out / "results.md").read_text()
-    assert "| evotrainer |" in md and "| reference |" in md and "evotrainer compare" in md
+    assert "| evotrainer |" in md and "| reference |" in md and "--jobs 2" in md  # the command as the user gave it
     assert "the reference at equal main-line steps**" in md and "The starting policy scores" in md
     assert report["start_accuracy"] is not None
     for png in ("accuracy_vs_compute.png", "lineage.png"):

@@ -4,9 +4,13 @@ command resumes at the first missing cell; the request checked before anything i
 from __future__ import annotations
 
 import json
+import os
 import resource
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import numpy as np
@@ -310,14 +314,52 @@ def check_request(out: Path, request: dict) -> None:
     atomic_write_text(req, json.dumps(request))
 
 
+@contextmanager
+def side_workers(n: int, out: Path, args: list[str], status: Callable[[str], None]) -> Iterator[None]:
+    """`n` more processes running the same comparison (`evotrainer compare ARGS --jobs 1`) beside this one: each
+    takes the next cell no other process holds (`Compare.locked_cell`), so the cells run `n + 1` at a time. They
+    hold the read end of a lifeline only this process writes (`trainer/launch.py`): if this process dies, they and
+    their training children end too. A worker that fails leaves its cell's lock free for the others; its log is
+    `OUT/logs/worker-<i>.log`."""
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    lifeline, hold = os.pipe()
+    procs = []
+    try:
+        for i in range(1, n + 1):
+            with open(logs / f"worker-{i}.log", "a") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "evotrainer.trainer.launch", str(lifeline), "evotrainer.cli", *args,
+                     "--jobs", "1", "--json"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    pass_fds=(lifeline,), start_new_session=True))
+        os.close(lifeline)
+        lifeline = -1
+        status(f"{n} more process{'es' if n > 1 else ''} share the cells (logs: {logs}/worker-*.log)")
+        yield
+        for i, p in enumerate(procs, 1):  # every cell is done: they are writing the same report and exiting
+            if p.wait() != 0:
+                status(f"worker {i} exited with status {p.returncode}: see {logs / f'worker-{i}.log'}")
+    finally:
+        if lifeline >= 0:
+            with suppress(OSError):
+                os.close(lifeline)
+        os.close(hold)  # their lifeline reads end-of-file: any still running exits now
+        for p in procs:
+            with suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=30)
+
+
 def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, budget_name: str,
             checkpoint: Path | None, command: str, status: Callable[[str], None] | None = None,
-            on_progress=None, harness: Path | None = None) -> Comparison:
-    """Validate the request (one clear error, nothing written on bad input), then run or resume every cell. Every
-    arm starts from `harness` (default: the domain's template); its domain is the comparison's."""
-    from evotrainer.trainer import jobs
+            on_progress=None, harness: Path | None = None, jobs: int = 1) -> Comparison:
+    """Validate the request (one clear error, nothing written on bad input), then run or resume every cell, `jobs`
+    at a time (`side_workers`). Every arm starts from `harness` (default: the domain's template); its domain is the
+    comparison's."""
+    from evotrainer.trainer import jobs as trainer_jobs
     from evotrainer.workspaces.source import checked_harness
 
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: at least 1 (cells computed at a time; one training core each)")
     if budget_name not in BUDGETS:
         raise UserError(f"unknown --budget {budget_name!r}: choose one of {', '.join(BUDGETS)}")
     arms = list(arms or ARMS)
@@ -344,6 +386,14 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
     if not start_harness.template:  # (a template comparison's request stays as it was recorded before --harness)
         request |= {"harness": start_harness.digest, "harness_path": str(start_harness.path)}
     check_request(out, request)
-    start = checkpoint.resolve() if checkpoint else jobs.warm_policy(domain, 0, out, on_progress=on_progress)
-    return Compare(out, start_harness, list(range(seeds)), arms, budget_for(budget_name, domain), budget_name, start,
-                   command, status).run()
+    start = checkpoint.resolve() if checkpoint else trainer_jobs.warm_policy(domain, 0, out, on_progress=on_progress)
+    cmp = Compare(out, start_harness, list(range(seeds)), arms, budget_for(budget_name, domain), budget_name, start,
+                  command, status)
+    if jobs == 1:
+        return cmp.run()
+    args = ["compare", "--domain", domain, "--seeds", str(seeds), "--arms", ",".join(arms), "--budget", budget_name,
+            "--out", str(out)] + (["--harness", str(harness)] if harness else []) \
+        + (["--checkpoint", str(checkpoint)] if checkpoint else [])
+    with side_workers(jobs - 1, out, args, cmp.status):
+        cmp.run()
+    return cmp.run()  # every cell is on disk: read again, and the report written last, by this process's command
