@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install-stamp
 
-.PHONY: install sysdeps demo test bench lint
+.PHONY: install sysdeps browser demo test bench lint
 
 install: sysdeps $(STAMP)
 
@@ -15,6 +15,14 @@ sysdeps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || exit 1; \
 	  else echo "bubblewrap is missing: install it (Debian/Ubuntu: sudo apt-get install bubblewrap) and rerun make"; \
+	    exit 1; fi; }
+
+# headless Chromium for the tests that open the HTML report (tests/browser.py); `make demo` does not need it
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null || exit 1; \
+	  else echo "chromium is missing: install it (Debian/Ubuntu: sudo apt-get install chromium) and rerun make test"; \
 	    exit 1; fi; }
 
 $(STAMP): pyproject.toml
@@ -33,7 +41,7 @@ demo: install
 	else $(BIN)/evotrainer run runs/demo --harness benchmarks/flawed/math/answer_line_everywhere --generations 2 \
 	  --candidates 1 --seed 0; fi
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q
 
 bench: install

@@ -26,6 +26,7 @@ from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.workspaces.run import RunWorkspace
 
+from .browser import check_report
 from .conftest import last_json, run_cli
 
 TINY_LOOP = ["--train-steps", "2", "--backtest-steps", "2", "--seeds", "1", "--max-seeds", "1", "--dev-items", "50"]
@@ -122,6 +123,7 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
     assert all(f'id="{b["branch"]}"' in page for b in branches)
     assert page.count('class="dev-point"') == 2
     assert not re.search(r"https?://|\bsrc=|\bhref=", page)
+    check_report(tmp_path / "report.html", [b["branch"] for b in branches], tmp_path / "report.png")  # in Chromium
 
 
 @pytest.mark.slow
@@ -155,6 +157,11 @@ def test_sigkill_during_backtest_then_resume(tiny_policy, tmp_path):
     assert not orphans, "a training child survived its orchestrator"
     before = _ends(run)
     assert before[("implement", 1)] == 1 and before[("backtest", 1)] == 0
+    # the report of the killed run shows what it has: its candidate, open, with its diff
+    assert run_cli("report", str(run), "--out", str(tmp_path / "killed.html")).returncode == 0
+    assert 'badge open">open (not judged yet)' in (tmp_path / "killed.html").read_text()
+    pending = [b["branch"] for b in json.loads(run_cli("branches", str(run), "--json").stdout)]
+    check_report(tmp_path / "killed.html", pending, tmp_path / "killed.png")
 
     res = run_cli("resume", str(run), "--json")
     assert res.returncode == 0, res.stderr[-3000:]
