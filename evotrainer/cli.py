@@ -407,12 +407,19 @@ def _promotions(con: Console, ws, summary) -> None:
 def report(
     run: Annotated[Path, typer.Argument(help="a run directory, finished or in progress")],
     out: Annotated[Path | None, typer.Option(help="the HTML file (default: RUN/reports/report.html)")] = None,
+    open_: Annotated[bool, typer.Option("--open", help="open it in the default web browser ($BROWSER)")] = False,
 ) -> None:
     """One self-contained HTML page of a run: lineage with diffs, backtests and verdicts, sealed dev per generation,
     analyzer severities, skills distilled, cost."""
+    import webbrowser
+
     from evotrainer.report import write_report
 
-    Console().print(f"report: {write_report(run, out)}", highlight=False, soft_wrap=True)
+    path = write_report(run, out)
+    Console().print(f"report: {path}", highlight=False, soft_wrap=True)
+    if open_ and not webbrowser.open(path.resolve().as_uri()):
+        err.print(f"no web browser to open it with: open {path} in one (or set $BROWSER)", highlight=False,
+                  soft_wrap=True)
 
 
 @app.command()

@@ -60,6 +60,7 @@ class RunReport(BaseModel):
     dev: dict[int, float]  # sealed dev accuracy of the champion at each generation's end
     dev_start: float | None
     health: list[HealthReport]
+    rollouts: dict[str, dict] = {}  # rollout id -> the row, for the rollouts a candidate's findings cite
     events: list[dict]
     unreadable: list[str]  # files present but not readable as their model
 
@@ -105,11 +106,59 @@ def read_run(run: str | Path) -> RunReport:
                   if (e := _load(EvalResult, p, bad))]
         dev_start = starts[0].accuracy if len(starts) == 1 else None
     health = [h for p in sorted(reports.glob("health-g*-*.json")) if (h := _load(HealthReport, p, bad))]
+    rollouts = cited_rollouts(ws.path / "evidence", backtests, bad)
     health.sort(key=lambda h: (h.generation if h.generation is not None else -1, h.branch or ""))
     return RunReport(name=ws.path.name, path=str(ws.path), domain=ws.config().domain, summary=summary, lineage=lineage,
                      verdicts=verdicts, backtests=backtests, diffs=diffs, dev=dict(sorted(dev.items())),
-                     dev_start=dev_start, health=health,
+                     dev_start=dev_start, health=health, rollouts=rollouts,
                      events=EventLog(ws.path / "events.jsonl").read(), unreadable=bad)
+
+
+CITED = 3  # rollouts shown per finding
+TEXT = 1500  # characters of a prompt or completion shown
+
+
+def cited_rollouts(evidence: Path, backtests: dict[str, BacktestResult], bad: list[str]) -> dict[str, dict]:
+    """The rows of the first rollouts each candidate's own findings cite (its short run's evidence)."""
+    from evotrainer.trainer.evidence import read_rollouts
+
+    out: dict[str, dict] = {}
+    for branch, bt in backtests.items():
+        ids = {i for f in (bt.short_run.findings if bt.short_run else []) if f.severity != "info"
+               for i in f.evidence[:CITED]}
+        if not ids or not evidence.is_dir():
+            continue
+        try:
+            table = read_rollouts(evidence, generation=bt.generation, branch=branch)
+        except UserError as e:
+            bad.append(str(e))
+            continue
+        cols = [c for c in ("rollout_id", "prompt", "completion", "reward", "correct") if c in table.column_names]
+        for row in table.select(cols).to_pylist():
+            if row["rollout_id"] in ids:
+                out[row["rollout_id"]] = row
+    return out
+
+
+def _rollout(rid: str, row: dict | None) -> str:
+    if row is None:
+        return f"<li><code>{escape(rid)}</code> <i>(not in the evidence kept)</i></li>"
+    head = f"reward {row.get('reward', float('nan')):.3f}, correct {row.get('correct')}"
+    return (f"<li><details><summary><code>{escape(rid)}</code>: {escape(head)}</summary><p>prompt:</p><pre>"
+            f"{escape(str(row.get('prompt', ''))[:TEXT])}</pre><p>completion:</p><pre>"
+            f"{escape(str(row.get('completion', ''))[:TEXT])}</pre></details></li>")
+
+
+def findings_html(rep: RunReport, bt: BacktestResult | None) -> str:
+    """The candidate's own findings (its short run's evidence), each with the first rollouts it cites."""
+    found = [f for f in (bt.short_run.findings if bt and bt.short_run else []) if f.severity != "info"]
+    if not found:
+        return ""
+    items = "".join(f"<li>{escape(f.severity)} <code>{escape(f.analyzer)}</code> {escape(f.metric)} = {f.value:.3f}"
+                    f"{' GATE' if f.gate else ''}: {escape(f.message)}<ul>"
+                    + "".join(_rollout(i, rep.rollouts.get(i)) for i in f.evidence[:CITED]) + "</ul></li>"
+                    for f in found)
+    return f"<p><b>Its own evidence:</b></p><ul>{items}</ul>"
 
 
 def status_of(r: BranchRecord, verdict: VerdictRecord | None) -> str:
@@ -136,7 +185,7 @@ def diff_html(diff: str) -> str:
         cls = "hunk" if line.startswith("@@") else "" if line.startswith(("+++", "---")) else \
             "add" if line.startswith("+") else "del" if line.startswith("-") else ""
         out.append(f'<span class="{cls}">{escape(line)}</span>' if cls else escape(line))
-    return "<pre>" + "\n".join(out) + "</pre>"
+    return '<pre class="diff">' + "\n".join(out) + "</pre>"
 
 
 def _candidate(rep: RunReport, r: BranchRecord) -> str:
@@ -165,6 +214,7 @@ def _candidate(rep: RunReport, r: BranchRecord) -> str:
         parts.append(f"<p><b>Verdict:</b> {escape(v.decision)} by {escape(v.author or 'unknown')}{gates}</p>"
                      f"<ul>{reasons}</ul>" + (f"<p><b>Lesson:</b> {escape(v.lesson)}</p>" if v.lesson else ""))
     parts.append("<p><b>Diff against its parent:</b></p>" + diff_html(rep.diffs.get(r.branch, "")))
+    parts.append(findings_html(rep, bt))
     return "".join(parts) + "</details>"
 
 

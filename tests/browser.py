@@ -124,7 +124,7 @@ def check_report(page: Path, branches: list[str], shot: Path) -> None:
         shown = b.js("[...document.querySelectorAll('details.candidate')].map(d => d.id)")
         assert sorted(shown) == sorted(branches), (shown, branches)
         first = json.dumps(branches[0])
-        diff = f"document.getElementById({first}).querySelector('pre')"
+        diff = f"document.getElementById({first}).querySelector('pre.diff')"
         assert b.js(f"{diff}.checkVisibility()") is False  # collapsed: its diff is not shown until it is opened
         b.js(f"document.getElementById({first}).querySelector('summary').click()")
         opened = b.js(f"[document.getElementById({first}).open, {diff}.checkVisibility(), "

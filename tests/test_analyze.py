@@ -10,14 +10,16 @@ from evotrainer.graph.state import GenerationRecord
 from evotrainer.memory.skill import Skill, Trigger, Validation
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer.backtest import BacktestResult, ShortRunResult
-from evotrainer.trainer.evidence import branch_dir
+from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.evidence import EvidenceWriter, branch_dir
 from evotrainer.workspaces.run import RunWorkspace
 
 from .conftest import run_cli
+from .test_evidence import _row
 
 
 def _judged(ws: RunWorkspace, gen: int, name: str, factor: str, transform: str, decision: str, effect: float,
-            reward: float, gates: list[str] = (), sources: list[str] = ()) -> str:
+            reward: float, gates: list[str] = (), sources: list[str] = (), findings: list[Finding] = ()) -> str:
     repo = ws.harness
     branch, wt = repo.create_candidate(gen, name, ws.path / "worktrees")
     y = wt / "harness.yaml"
@@ -27,7 +29,8 @@ def _judged(ws: RunWorkspace, gen: int, name: str, factor: str, transform: str, 
     repo.commit(wt, name, intervention_id=iv.id, hypothesis="h", factor=factor, generation=gen)
     short = ShortRunResult(steps=20, seeds=[0], dev_items=500, arms=[], per_seed_delta=[effect], delta=effect,
                            ci_low=effect - 0.02, ci_high=effect + 0.02, se=0.01, mde=0.028, train_reward_delta=reward,
-                           train_correct_delta=0.0, findings=[], failed_gates=list(gates), stopped="budget", trace=[],
+                           train_correct_delta=0.0, findings=list(findings), failed_gates=list(gates),
+                           stopped="budget", trace=[],
                            seconds=1.0, seconds_per_arm=0.5)
     bt = BacktestResult(run=ws.path.name, branch=branch, commit="c", champion_commit="p", generation=gen,
                         start_checkpoint=None, replay=None, short_run=short, failed_gates=list(gates), seconds=1.0)
@@ -56,8 +59,18 @@ def test_analyses_over_runs_of_two_domains(tmp_path):
 
     math = RunWorkspace.create(tmp_path / "math", "math", skills=str(store.path))
     _judged(math, 1, "temp", "recipe.temperature", "temperature", "promote", 0.03, 0.01)
+    # the hack's short run: rollouts paid for format while wrong, which its gate's finding cites
+    paid = [_row(1, i, "cand/g2-bonus") | {"generation": 2, "rollout_id": f"math/g2/cand/g2-bonus/1:{i}",
+                                          "completion": f"<b>{i}</b> Answer: 7", "reward": 0.5, "correct": False}
+            for i in range(4)]
+    writer = EvidenceWriter(math.path / "evidence", 2, "cand/g2-bonus", "abc-s0-k20")
+    writer.add_rollouts(paid)
+    writer.flush(1)
+    gate = Finding(analyzer="divergence_gate_answer_format", metric="reward_rise", value=0.12, severity="critical",
+                   gate=True, message="format reward rose while correct did not",
+                   evidence=[r["rollout_id"] for r in paid])
     hack = _judged(math, 2, "bonus", "reward.format_weight", "format_weight", "reject", -0.01, 0.12,
-                   gates=["divergence_gate_answer_format/reward_rise"])
+                   gates=["divergence_gate_answer_format/reward_rise"], findings=[gate])
     summary = RunSummary(run="math", meta_policy="offline", finished=True, stop_reason="generations", generations=2,
                          dev_start=0.3, dev_final=0.33, promoted=[], rejected=[], candidates=2, steps_used=80,
                          seconds_used=1, llm_dollars=0, skills=1,
@@ -95,8 +108,13 @@ def test_analyses_over_runs_of_two_domains(tmp_path):
     assert run_cli("report", str(math.path)).returncode == 0
     page = (math.path / "reports" / "report.html").read_text()
     assert "<h3>2. Invalid branches blocked</h3>" in page
-    gate = "<code>divergence_gate_answer_format/reward_rise</code> (evolved, born g2)"
-    assert f"<td><code>{hack}</code></td><td>{gate}" in page
+    shown = "<code>divergence_gate_answer_format/reward_rise</code> (evolved, born g2)"
+    assert f"<td><code>{hack}</code></td><td>{shown}" in page
+    # and in the candidate's view, the rollouts its own finding cites (the first three), escaped
+    for i in range(3):
+        assert f"<code>math/g2/cand/g2-bonus/1:{i}</code>: reward 0.500, correct False" in page
+        assert f"&lt;b&gt;{i}&lt;/b&gt; Answer: 7" in page
+    assert "g2-bonus/1:3</code>" not in page
     # one run: the default output folder is the run's own
     assert run_cli("analyze", str(code.path)).returncode == 0
     assert (code.path / "reports" / "analysis" / "analysis.md").is_file()

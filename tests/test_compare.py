@@ -277,6 +277,9 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     assert summaries["evotrainer"]["vs_reference"] is not None
     md = (out / "results.md").read_text()
     assert "| evotrainer |" in md and "| reference |" in md and "--jobs 2" in md  # the command as the user gave it
+    for loop in ("evotrainer", "replay_only"):  # each loop run's own page, written when it finished, named
+        assert (out / "runs" / f"{loop}-s0" / "reports" / "report.html").is_file()
+        assert f"`runs/{loop}-s0/reports/report.html`" in md
     assert "the reference at equal main-line steps**" in md and "The starting policy scores" in md
     assert report["start_accuracy"] is not None
     for png in ("accuracy_vs_compute.png", "lineage.png"):

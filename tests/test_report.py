@@ -1,6 +1,8 @@
 """`evotrainer report`: the HTML page of a run with nothing trained yet, a hostile hypothesis, a gate's rejection."""
 
 import re
+import sys
+import time
 
 from evotrainer.agents.schemas import VerdictRecord
 from evotrainer.workspaces.run import RunWorkspace
@@ -48,6 +50,17 @@ def test_report_of_a_run_with_nothing_trained(tmp_path):
 
     out = tmp_path / "elsewhere" / "r.html"
     assert run_cli("report", str(ws.path), "--out", str(out)).returncode == 0 and out.read_text() == page
+
+    # --open hands the page to the browser $BROWSER names (here a command that records what it was given)
+    opened = tmp_path / "opened"
+    browser = f"{sys.executable} -c \"import sys; open({str(opened)!r}, 'w').write(sys.argv[1])\" %s"
+    proc = run_cli("report", str(ws.path), "--open", env={"BROWSER": browser})
+    assert proc.returncode == 0, proc.stderr
+    for _ in range(50):  # the browser command runs in the background
+        if opened.is_file() and opened.read_text():
+            break
+        time.sleep(0.1)
+    assert opened.read_text() == path.resolve().as_uri()
 
 
 def test_report_refuses_what_is_not_a_run(tmp_path):

@@ -164,6 +164,7 @@ class Compare:
     def _loop(self, arm: str, seed: int) -> Cell:
         from evotrainer.agents.offline.policy import OfflinePolicy
         from evotrainer.graph.build import drive, open_run
+        from evotrainer.report import write_report as write_run_report
         from evotrainer.workspaces.run import RunWorkspace
 
         b = self.budget
@@ -181,6 +182,8 @@ class Compare:
         if not summary.finished:
             raise UserError(f"the {arm} run of seed {seed} stopped before its end ({summary.stop_reason}): rerun the "
                             "same compare command to resume it")
+        with suppress(UserError, OSError):  # the run's own page, linked from the comparison's report; not needed by it
+            write_run_report(ws.path)
         ckpt = ws.champion_checkpoint() or self.start
         ev = self._test(ckpt, seed, run_dir)
         lineage, promotions = self._lineage(ws), self._promotions(ws, summary, seed)

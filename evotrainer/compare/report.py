@@ -55,7 +55,7 @@ def against_search(c: Comparison) -> str:
             f"{evo_steps:.0f}): {d:+.3f} [{lo:+.3f}, {hi:+.3f}].")
 
 
-def markdown(c: Comparison) -> str:
+def markdown(c: Comparison, pages: list[str] = ()) -> str:
     k = c.budget.k
     lines = [f"# EvoTrainer against static recipes: {c.domain}", "",
              f"Command: `{c.command}`; the cells took {sum(x.wall_seconds for x in c.cells) / 60:.0f} min of wall "
@@ -117,6 +117,9 @@ def markdown(c: Comparison) -> str:
                          f"{max(t.dev_accuracy for t in x.search.trials):.3f}; chose trial {best.number} (dev "
                          f"{best.dev_accuracy:.3f}): "
                          + (", ".join(f"{k}={v}" for k, v in changed.items()) or "the template's own recipe"))
+    if pages:
+        lines += ["", "Each loop run's own page (`evotrainer report`; lineage with diffs, verdicts, evidence), in the "
+                      "comparison directory: " + ", ".join(f"`{p}`" for p in pages)]
     lines += ["", "![accuracy against compute](accuracy_vs_compute.png)", "", "![lineage](lineage.png)", ""]
     return "\n".join(lines)
 
@@ -212,8 +215,14 @@ def plot(c: Comparison, out: Path) -> list[Path]:
     return paths
 
 
+def run_pages(c: Comparison, out: Path) -> list[str]:
+    """The HTML reports the loop runs wrote when they finished (`Compare._loop`), relative to `out`."""
+    pages = [out / "runs" / f"{cell.arm}-s{cell.seed}" / "reports" / "report.html" for cell in c.cells]
+    return [str(p.relative_to(out)) for p in pages if p.is_file()]
+
+
 def write_report(c: Comparison, out: Path) -> None:
     atomic_write_text(out / "compare.json", c.model_dump_json(indent=1))
     plot(c, out)
-    atomic_write_text(out / "results.md", markdown(c))
+    atomic_write_text(out / "results.md", markdown(c, run_pages(c, out)))
 
