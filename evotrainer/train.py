@@ -44,6 +44,7 @@ class TrainRequest(BaseModel):
     out: str
     harness: str | None = None  # default: the domain's template
     checkpoint: str | None = None  # default: the cached warm policy
+    model: str | None = None  # a pretrained model (trainer/pretrained.py): a HF directory, a .gguf file, smollm2
     eval_k: int = 4
     eval_limit: int | None = None
 
@@ -71,6 +72,8 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
     spec = load_spec(harness)  # YAML and schema only: no harness code runs in this process
     if spec.domain != req.domain:
         raise UserError(f"harness {harness} is for domain {spec.domain!r}, not {req.domain!r}")
+    if req.checkpoint and req.model:
+        raise UserError("--checkpoint and --model both name the starting policy: pass one of them")
     if req.checkpoint and not (Path(req.checkpoint) / "config.json").is_file():
         raise UserError(f"checkpoint {req.checkpoint} not found or not a model directory (no config.json): "
                         "pass a directory written by `evotrainer train` or a local Hugging Face model")
@@ -79,8 +82,15 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
     if done.is_file():
         return json.loads(done.read_text())
 
-    start = Path(req.checkpoint).resolve() if req.checkpoint else \
-        jobs.warm_policy(req.domain, req.seed, out, on_progress=feed("warm-up (SFT, cached)"))
+    preset: dict = {}
+    if req.model:  # a pretrained model: converted once if it is GGUF, the recipe sized to it in a copy of the harness
+        from evotrainer.trainer.pretrained import preset_harness, resolve_model
+
+        start = resolve_model(req.model)
+        harness, preset = preset_harness(harness, start, out / "harness-preset")
+    else:
+        start = Path(req.checkpoint).resolve() if req.checkpoint else \
+            jobs.warm_policy(req.domain, req.seed, out, on_progress=feed("warm-up (SFT, cached)"))
     ckpt_id = f"{req.domain}-s{req.seed}-{req.steps}steps"
     tspec = TrainSpec(
         domain=req.domain, checkpoint=str(start), harness_dir=str(harness), steps=req.steps, seed=req.seed,
@@ -115,7 +125,7 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
         "dev_before_avg": b.avg_at_k, "dev_after_avg": after.avg_at_k, "eval_k": req.eval_k,
         "dev_items": after.n_items, "dev_before_by_difficulty": b.by_difficulty,
         "dev_after_by_difficulty": after.by_difficulty,
-        "checkpoint": str(ckpt), "start_checkpoint": str(start), "harness": str(harness),
+        "checkpoint": str(ckpt), "start_checkpoint": str(start), "harness": str(harness), "preset": preset,
         "harness_commit": tspec.harness_commit, "evidence": str(out / "evidence"),
         "train_reward_first": meta["metrics"]["train_reward_first"],
         "train_reward_last": meta["metrics"]["train_reward_last"],

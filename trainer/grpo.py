@@ -208,9 +208,9 @@ def make_trainer_class():
                     "run": s.run, "generation": s.generation, "branch": s.branch,
                     "harness_commit": s.harness_commit, "checkpoint": s.checkpoint_id, "step": step,
                     "prompt_id": x["prompt_id"], "group_id": group, "sample_idx": i % g,
-                    "difficulty": x.get("difficulty", 0), "prompt": x["prompt"], "completion": texts[i],
-                    "completion_ids": self._last_ids[i],
-                    "task": json.dumps({k: v for k, v in x.items() if k not in ("prompt", "prompt_id")}),
+                    "difficulty": x.get("difficulty", 0), "prompt": x.get("task_prompt", x["prompt"]),
+                    "completion": texts[i], "completion_ids": self._last_ids[i],
+                    "task": json.dumps({k: v for k, v in x.items() if k not in ("prompt", "prompt_id", "task_prompt")}),
                     "n_tokens": lengths[i], "truncated": truncated[i],
                     "reward": total_l[i], "advantage": adv_l[i], "loss_masked": masked[i],
                     "correct": None, "formatted": None,  # sealed: filled in by the parent's grader
@@ -256,7 +256,7 @@ def train(spec: TrainSpec) -> dict:
         load_reward_functions,
         load_spec,
     )
-    from evotrainer.trainer.policy import load_policy
+    from evotrainer.trainer.policy import format_prompts, load_policy
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
     started = time.time()
@@ -336,7 +336,11 @@ def train(spec: TrainSpec) -> dict:
                 control.should_save = control.should_save or spec.keep_state
 
     multi_turn = {}
-    if spec.env is not None:  # episodes in the harness's tool environment (env.py)
+    if spec.env is None:  # a pretrained instruct model sees each prompt in its chat template (policy.format_prompts);
+        # the evidence keeps the task's own prompt (`task_prompt`), which the parent checks against the train split
+        rows = [{**r, "prompt": p, "task_prompt": r["prompt"]} if p != r["prompt"] else r
+                for r, p in zip(rows, format_prompts(tokenizer, [r["prompt"] for r in rows]))]
+    else:  # episodes in the harness's tool environment (env.py)
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         multi_turn["rollout_func"] = make_rollout_func(load_env_config(spec.harness_dir, spec.env), args)
     trainer_cls = make_trainer_class()

@@ -134,6 +134,15 @@ def load_policy(path: str | Path):
     return model, tokenizer
 
 
+def format_prompts(tokenizer, prompts: list[str]) -> list[str]:
+    """Each prompt as one user message in the tokenizer's chat template, where it has one (a pretrained instruct
+    model, trainer/pretrained.py); the raw prompt otherwise (the tiny default policies, trained on raw prompts)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return list(prompts)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts]
+
+
 def generate(model, tokenizer, prompts: list[str], max_new_tokens: int, *, temperature: float = 0.0,
              seed: int = 0, batch_size: int = 256) -> list[str]:
     """Completions for `prompts`, greedy when temperature is 0. Fixed batching makes greedy reproducible."""
