@@ -86,18 +86,22 @@ def train(
                                                    "(trainer/pretrained.py: PRESETS)")] = None,
     eval_k: Annotated[int | None, typer.Option(help="samples per dev item for avg@k (default 4; swe: 1)")] = None,
     eval_limit: Annotated[int | None, typer.Option(help="evaluate on the first N dev items only")] = None,
+    device: Annotated[str, typer.Option(help="cpu, or cuda: train on a GPU in bf16")] = "cpu",
+    vllm: Annotated[bool, typer.Option("--vllm", help="generate with vLLM in the training process (cuda; the "
+                                                      "`vllm` extra)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
 ) -> None:
     """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
-    from evotrainer.train import DEFAULT_EVAL_K, DEFAULT_STEPS, TrainRequest, run_train
+    from evotrainer.train import DEFAULT_EVAL_K, DEFAULT_STEPS, TrainRequest, check_device, run_train
     from evotrainer.trainer.domains import get_domain
 
     get_domain(domain)  # an unknown domain is refused before --out is created
+    check_device(device, vllm)
     steps = steps or DEFAULT_STEPS.get(domain, 150)
     eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
     req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(writable_dir(out)),
                        harness=str(harness) if harness else None,
-                       checkpoint=str(checkpoint) if checkpoint else None, model=model,
+                       checkpoint=str(checkpoint) if checkpoint else None, model=model, device=device, vllm=vllm,
                        eval_k=eval_k, eval_limit=eval_limit)
     with progress_display(not as_json) as feed:
         result = run_train(req, feed)

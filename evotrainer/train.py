@@ -45,6 +45,8 @@ class TrainRequest(BaseModel):
     harness: str | None = None  # default: the domain's template
     checkpoint: str | None = None  # default: the cached warm policy
     model: str | None = None  # a pretrained model (trainer/pretrained.py): a HF directory, a .gguf file, smollm2
+    device: str = "cpu"  # cpu or cuda
+    vllm: bool = False  # generation by vLLM (cuda only)
     eval_k: int = 4
     eval_limit: int | None = None
 
@@ -63,6 +65,25 @@ def _check_request(req: TrainRequest, out: Path) -> None:
         path.write_text(req.model_dump_json(indent=2))
 
 
+def check_device(device: str, vllm: bool) -> None:
+    """One clear line when the device or the generation backend asked for is not there."""
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"--device {device!r}: choose cpu or cuda")
+    if vllm and device != "cuda":
+        raise UserError("--vllm generates on a GPU: add --device cuda")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device cuda: torch sees no CUDA device (the torch installed here may be the CPU "
+                            "build: install a CUDA build of torch on a machine with an NVIDIA GPU)")
+    if vllm:
+        try:
+            import vllm as _  # noqa: F401
+        except ImportError as e:
+            raise UserError("--vllm needs vLLM: pip install -e '.[vllm]'") from e
+
+
 def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) -> dict:
     """Run (or resume) one training job and return its summary (also written to OUT/result.json)."""
     started = time.time()
@@ -72,6 +93,7 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
     spec = load_spec(harness)  # YAML and schema only: no harness code runs in this process
     if spec.domain != req.domain:
         raise UserError(f"harness {harness} is for domain {spec.domain!r}, not {req.domain!r}")
+    check_device(req.device, req.vllm)
     if req.checkpoint and req.model:
         raise UserError("--checkpoint and --model both name the starting policy: pass one of them")
     if req.checkpoint and not (Path(req.checkpoint) / "config.json").is_file():
@@ -96,7 +118,7 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
         domain=req.domain, checkpoint=str(start), harness_dir=str(harness), steps=req.steps, seed=req.seed,
         out_dir=str(out), checkpoint_id=ckpt_id, checkpoints_dir=str(out / "checkpoints"),
         evidence_dir=str(out / "evidence"), run=out.name, harness_commit=harness_commit(harness),
-        result_path=str(out / "specs" / "train.result.json"),
+        result_path=str(out / "specs" / "train.result.json"), device=req.device, use_vllm=req.vllm,
     )
     # dev_before and training are independent: run them side by side, one core each (DESIGN §12)
     before: dict = {}

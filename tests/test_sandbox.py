@@ -154,3 +154,20 @@ def test_the_lifeline_ends_a_child_whose_parent_is_gone(tmp_path):
     os.close(w)  # the parent dies
     started = time.time()
     assert child.wait(timeout=10) == 1 and time.time() - started < 2
+
+
+def test_a_gpu_job_sees_the_nvidia_devices_and_nothing_else(monkeypatch, tmp_path):
+    """Only an isolation that asks for the GPU gets the NVIDIA device files bound into its /dev (a training job on
+    `--device cuda`); every other child's /dev stays bubblewrap's minimal one."""
+    from evotrainer.trainer import sandbox
+
+    devices = ["/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidiactl"]
+    monkeypatch.setattr(sandbox.glob, "glob", lambda pattern: devices if pattern == "/dev/nvidia*" else [])
+
+    def binds(cmd: list[str]) -> list[str]:
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--dev-bind"]
+
+    gpu = sandbox.bwrap_prefix(sandbox.Isolation(write=[str(tmp_path / "o")], gpu=True), cwd=tmp_path)
+    plain = sandbox.bwrap_prefix(sandbox.Isolation(write=[str(tmp_path / "o")]), cwd=tmp_path)
+    assert binds(gpu) == sorted(devices) and binds(plain) == []
+    assert gpu.index("--dev") < gpu.index("--dev-bind")  # bound into the fresh /dev, not replaced by it

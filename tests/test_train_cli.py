@@ -78,6 +78,33 @@ def test_a_kl_penalty_adds_its_curve(tiny_policy, tmp_path):
     assert [e.value for e in kl] == pytest.approx(steps.kl.tolist(), abs=1e-6)
 
 
+def test_gpu_check_runs_its_cpu_branch_here(tiny_policy, tmp_path):
+    """benchmarks/gpu_check.sh on a machine without a GPU: the same training command on the CPU, its summary line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(root / "benchmarks" / "gpu_check.sh"), str(tiny_policy), "1",
+                           str(tmp_path / "gpu")], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no usable CUDA device" in proc.stdout
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("cpu ")]
+    assert " 2 steps in " in line and "steps/s" in line and "dev " in line
+    assert (tmp_path / "gpu" / "cpu" / "result.json").is_file()
+
+
+def test_a_gpu_is_asked_for_where_there_is_none(tmp_path):
+    for args, message in ((["--device", "cuda"], "torch sees no CUDA device"),
+                          (["--vllm"], "--vllm generates on a GPU: add --device cuda"),
+                          (["--device", "tpu"], "--device 'tpu': choose cpu or cuda")):
+        proc = run_cli("train", "--out", str(tmp_path / "o"), *args)
+        assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+        assert not (tmp_path / "o").exists()
+
+
 def test_evidence_has_one_row_per_rollout_graded_by_the_sealed_scorer(trained):
     out, res = trained
     rows = read_rollouts(res["evidence"]).to_pandas()

@@ -55,6 +55,8 @@ class TrainSpec(BaseModel):
     harness_commit: str = ""
     evidence_tag: str = ""  # set when several runs of one branch share its evidence folder (backtest seeds)
     save_every: int = 25
+    device: str = "cpu"  # cpu or cuda (one GPU; more: accelerate's launcher, benchmarks/gpu_check.sh)
+    use_vllm: bool = False  # TRL's vLLM generation in colocate mode (cuda only; the `vllm` extra)
     result_path: str
     # set by the parent (jobs.train) for the child, never by callers
     rows_path: str = ""  # the train-split rows, sealed columns removed
@@ -73,10 +75,13 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
     from evotrainer.trainer.harness import TRAINER_DEFAULTS
 
     knobs = {**TRAINER_DEFAULTS, **trainer_knobs}
+    gpu = spec.device == "cuda"
+    # on a GPU: bf16, and generation by vLLM inside the training process where asked (colocate: no second server)
+    vllm = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3) if spec.use_vllm else {}
     return GRPOConfig(
         output_dir=str(child_dir(spec) / "trl"), max_steps=spec.horizon or spec.steps, seed=spec.seed,
-        data_seed=spec.seed,
-        use_cpu=True, bf16=False, activation_checkpointing=False, report_to=["tensorboard"], logging_steps=1,
+        data_seed=spec.seed, **vllm,
+        use_cpu=not gpu, bf16=gpu, activation_checkpointing=False, report_to=["tensorboard"], logging_steps=1,
         save_strategy="steps", save_steps=spec.save_every, save_total_limit=1, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, reward_weights=reward_weights, **knobs,
     )

@@ -189,7 +189,7 @@ def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
         # when an evaluation of the same policy writes its first result while the child trains
         (start / "evals").mkdir(exist_ok=True)
     iso = Isolation(read=[spec.harness_dir, spec.checkpoint, *([spec.resume_state] if spec.resume_state else []),
-                          str(spec_path), str(rows_path)], write=[str(child_dir(spec))])
+                          str(spec_path), str(rows_path)], write=[str(child_dir(spec))], gpu=spec.device != "cpu")
     return TrainingJob(spec_path, iso, domain, {t.id: t for t in tasks})
 
 

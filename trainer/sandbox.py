@@ -17,6 +17,7 @@ refused, unless the user sets `EVOTRAINER_UNSAFE_NO_ISOLATION=1` (recorded by th
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -68,6 +69,7 @@ class Isolation(BaseModel):
     read: list[str] = []  # job inputs: the harness worktree, a checkpoint, spec and data files, evidence
     write: list[str] = []  # the job's own output directories: the only places it can write
     tmp_mb: int = 2048  # size of its private /tmp
+    gpu: bool = False  # the machine's NVIDIA device files (and driver info) in view: a training job on a GPU
 
 
 UNSAFE_ENV = "EVOTRAINER_UNSAFE_NO_ISOLATION"
@@ -149,6 +151,11 @@ def bwrap_prefix(iso: Isolation, *, cwd: str | Path, network: bool = False) -> l
     for d in _code_dirs():
         cmd += ["--ro-bind", d, d]
     cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(iso.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+    if iso.gpu:  # CUDA opens /dev/nvidia{ctl,-uvm,-uvm-tools,0..N} and reads /proc/driver/nvidia; nothing else is added
+        for dev in sorted(glob.glob("/dev/nvidia*")):
+            cmd += ["--dev-bind", dev, dev]
+        if os.path.isdir("/proc/driver/nvidia"):
+            cmd += ["--ro-bind", "/proc/driver/nvidia", "/proc/driver/nvidia"]
     for p in iso.read:
         cmd += ["--ro-bind", str(Path(p).resolve()), str(Path(p).resolve())]
     for p in iso.write:
