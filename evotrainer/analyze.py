@@ -83,16 +83,14 @@ def _plans(path: Path) -> dict[str, list[str]]:
 
 def _skills(path: Path, ids: set[str]) -> dict[str, SkillCite]:
     """What the run's skill store says now of each cited skill; `unknown` where it cannot say."""
-    from evotrainer.base.config import RunConfig
     from evotrainer.memory.store import SkillStore
+    from evotrainer.workspaces.run import RunWorkspace
 
     out = {i: SkillCite(id=i, outcome="unknown") for i in ids}
     if not ids:
         return out
     try:
-        import yaml
-
-        cfg = RunConfig.model_validate(yaml.safe_load((path / "run.yaml").read_text()) or {})
+        cfg = RunWorkspace.open(path).config()
         store = SkillStore(cfg.skills) if cfg.skills else SkillStore()
         if not store.path.is_dir():
             return out
