@@ -8,7 +8,7 @@
 # directory, for example a Qwen2.5-0.5B-Instruct download). STEPS: GRPO steps per configuration (default 5).
 # OUT: where the runs go (default runs/gpu-check). The GPU side needs an NVIDIA GPU, a CUDA build of torch, and the
 # `vllm` extra for the second configuration (pip install -e '.[vllm]'); without vLLM that line says so and the first
-# still runs. Without a usable GPU the script runs its CPU branch: the same command on the CPU, 2 steps, so that the
+# still runs. Without a usable GPU the script runs its CPU branch: the same command on the CPU, at most 2 steps, so the
 # path is exercised everywhere (tests/test_train_cli.py runs that branch).
 #
 # Prints one line per configuration: device, generation backend, steps, training seconds, steps/s and completions/s
@@ -46,7 +46,7 @@ if command -v nvidia-smi >/dev/null && "$PY" -c "import sys, torch; sys.exit(0 i
     echo "cuda-vllm        skipped: vLLM is not installed (pip install -e '.[vllm]')"
   fi
 else
-  echo "no usable CUDA device (nvidia-smi or a CUDA build of torch missing): the CPU branch, 2 steps"
-  STEPS=2
+  STEPS=$(( STEPS < 2 ? STEPS : 2 ))
+  echo "no usable CUDA device (nvidia-smi or a CUDA build of torch missing): the CPU branch, $STEPS step(s)"
   run cpu cpu
 fi
