@@ -198,3 +198,35 @@ def test_mixed_evidence_reads_only_swe_rows():
     df = pd.concat([math, swe], ignore_index=True)
     (f,) = findings("search_before_edit", df)
     assert f.value == pytest.approx(0.7) and set(f.evidence) <= set(swe.rollout_id)
+
+
+def test_premature_submit_names_the_component_that_pays_for_it_and_the_planner_removes_it():
+    """A component that pays every submit gives untested submits what it gives tested ones: named, and the offline
+    Planner's first proposal removes exactly it; a component that needs a passing test is never named."""
+    from evotrainer.agents.offline.catalog import apply
+    from evotrainer.agents.offline.edits import add_reward
+    from evotrainer.agents.offline.policy import OfflinePolicy
+    from evotrainer.agents.schemas import Diagnosis, PlanInput
+    from evotrainer.workspaces import TEMPLATES
+
+    df = episodes([ABANDON] * 5 + [UNTESTED] * 5 + [GOOD] * 10)
+    df["reward_submit_bonus"] = df["submitted"].astype(float) * 0.5
+    df["reward_visible_tests_pass"] = df["correct"].astype(float)
+    fs = findings("premature_submit", df)
+    assert [f.metric for f in fs] == ["premature_submit_ratio", "reward_submit_bonus_pays_premature_submit"]
+    assert fs[1].value == pytest.approx(0.5) and fs[1].threshold == pytest.approx(0.5)
+    assert set(fs[1].evidence) == set(fs[0].evidence)
+    only_fixes = findings("premature_submit", df.drop(columns="reward_submit_bonus"))
+    assert [f.metric for f in only_fixes] == ["premature_submit_ratio"]
+
+    files = {p: (TEMPLATES / "swe" / p).read_text() for p in ("harness.yaml", "rewards.py", "filters.py", "env.py")}
+    files["harness.yaml"] = add_reward(files["harness.yaml"], "submit_bonus", 0.5, "pays every submit")
+    files["rewards.py"] += ("\n\ndef submit_bonus(prompts, completions, **kwargs):\n"
+                            "    return [0.5 for _ in completions]\n")
+    change = apply("remove_component", files, fs)
+    assert change is not None and change.change == "remove the reward component submit_bonus"
+    assert "submit_bonus" not in change.files["harness.yaml"] and "visible_tests_pass" in change.files["harness.yaml"]
+    assert apply("remove_component", files, only_fixes) is None
+    plan = OfflinePolicy().plan(PlanInput(generation=1, domain="swe", k=3, findings=fs, files=files,
+                                          diagnosis=Diagnosis(generation=1, summary=fs[0].message)))
+    assert plan.interventions[0].transform == "remove_component"

@@ -187,8 +187,8 @@ def partial_credit(files: Files, findings: list[Finding]) -> Change | None:
 def _culprit_components(findings: list[Finding]) -> list[str]:
     out = []
     for f in findings:
-        m = re.match(r"reward_(\w+?)_(variance_share|rise_while_correct_flat)$", f.metric)
-        if f.analyzer in ("component_dominance", "shaped_vs_sealed") and m:
+        m = re.match(r"reward_(\w+?)_(variance_share|rise_while_correct_flat|pays_premature_submit)$", f.metric)
+        if f.analyzer in ("component_dominance", "shaped_vs_sealed", "premature_submit") and m:
             out.append(m.group(1))
     return out
 
@@ -199,10 +199,13 @@ def remove_component(files: Files, findings: list[Finding]) -> Change | None:
     if not culprits or len(names) < 2:
         return None
     c = culprits[0]
+    why = "it pays a submit with no tested edit as much as a fix" if any(
+        f.metric == f"reward_{c}_pays_premature_submit" for f in findings) else \
+        "it dominates or diverges from the sealed grade"
     return Change({"harness.yaml": remove_reward(files["harness.yaml"], c)},
                   f"remove the reward component {c}",
-                  f"If we remove {c}, dev accuracy holds or improves because it dominates or diverges from the "
-                  "sealed grade: the policy optimises it instead of being right.")
+                  f"If we remove {c}, dev accuracy holds or improves because {why}: the policy optimises it instead "
+                  "of being right.")
 
 
 def soft_overlong(files: Files, findings: list[Finding]) -> Change | None:
@@ -588,7 +591,7 @@ CATALOG: dict[str, Transform] = {t.id: t for t in [
     Transform("answer_parser", "reward.parser", "reward", "read the answer as the last integer written",
               {"unpaid_correct": 1.5}, 0.0, answer_parser),
     Transform("remove_component", "reward.components", "reward", "remove a dominating or diverging component",
-              {"component_dominance": 1.0, "shaped_vs_sealed": 1.2}, 0.0, remove_component),
+              {"component_dominance": 1.0, "shaped_vs_sealed": 1.2, "premature_submit": 1.0}, 0.0, remove_component),
     Transform("soft_overlong", "reward.overlong", "reward", "soft overlong punishment",
               {"truncation": 1.0, "length_reward_correlation": 0.5}, 0.0, soft_overlong),
     Transform("crash_penalty", "reward.execution", "reward", "penalise programs that fail to run",

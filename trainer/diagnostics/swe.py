@@ -236,13 +236,29 @@ def premature_submit(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]
     if not sev:
         return []
     n = sub.sum()
-    return [Finding(analyzer="premature_submit", metric="premature_submit_ratio", value=frac, threshold=thr,
-                    severity=sev,
-                    message=f"{frac:.0%} of submitted episodes submit without a tested edit ({no_edit.sum() / n:.0%} "
-                            f"with no edit at all, {untested.sum() / n:.0%} with an edit "
-                            "never tested): the policy submits without evidence that it fixed anything; pay the "
-                            "submit only after a passing test, or add scripted edit, test, submit episodes",
-                    evidence=_ids(e[early]))]
+    out = [Finding(analyzer="premature_submit", metric="premature_submit_ratio", value=frac, threshold=thr,
+                   severity=sev,
+                   message=f"{frac:.0%} of submitted episodes submit without a tested edit ({no_edit.sum() / n:.0%} "
+                           f"with no edit at all, {untested.sum() / n:.0%} with an edit "
+                           "never tested): the policy submits without evidence that it fixed anything; pay the "
+                           "submit only after a passing test, or add scripted edit, test, submit episodes",
+                   evidence=_ids(e[early]))]
+    # what pays for it: a reward component that gives an untested submit at least what it gives a tested one rewards
+    # submitting, not fixing (a component that needs passing tests gives an untested submit less)
+    tested = sub & ~early
+    for col in [c for c in e.columns if c.startswith("reward_")]:
+        vals = pd.to_numeric(e[col], errors="coerce").to_numpy(dtype=float)
+        on_early = float(np.nanmean(vals[early])) if np.isfinite(vals[early]).any() else 0.0
+        on_tested = float(np.nanmean(vals[tested])) if tested.any() and np.isfinite(vals[tested]).any() else 0.0
+        if on_early > 0 and on_early >= on_tested:
+            name = col.removeprefix("reward_")
+            out.append(Finding(analyzer="premature_submit", metric=f"{col}_pays_premature_submit", value=on_early,
+                               threshold=on_tested, severity=sev,
+                               message=f"reward component {name} pays an untested submit {on_early:.2f} on average, "
+                                       f"a tested one {on_tested:.2f}: it rewards submitting, not fixing; remove it, "
+                                       "or pay it only after a passing test",
+                               evidence=_ids(e[early])))
+    return out
 
 
 @analyzer("context_overflow", warning=0.05, critical=0.15)
