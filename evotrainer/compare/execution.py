@@ -4,10 +4,8 @@ command resumes at the first missing cell; the request checked before anything i
 from __future__ import annotations
 
 import json
-import os
 import resource
-import subprocess
-import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -320,36 +318,32 @@ def check_request(out: Path, request: dict) -> None:
 @contextmanager
 def side_workers(n: int, out: Path, args: list[str], status: Callable[[str], None]) -> Iterator[None]:
     """`n` more processes running the same comparison (`evotrainer compare ARGS --jobs 1`) beside this one: each
-    takes the next cell no other process holds (`Compare.locked_cell`), so the cells run `n + 1` at a time. They
-    hold the read end of a lifeline only this process writes (`trainer/launch.py`): if this process dies, they and
-    their training children end too. A worker that fails leaves its cell's lock free for the others; its log is
-    `OUT/logs/worker-<i>.log`."""
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    lifeline, hold = os.pipe()
-    procs = []
-    try:
-        for i in range(1, n + 1):
-            with open(logs / f"worker-{i}.log", "a") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "evotrainer.trainer.launch", str(lifeline), "evotrainer.cli", *args,
-                     "--jobs", "1", "--json"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    pass_fds=(lifeline,), start_new_session=True))
-        os.close(lifeline)
-        lifeline = -1
-        status(f"{n} more process{'es' if n > 1 else ''} share the cells (logs: {logs}/worker-*.log)")
-        yield
-        for i, p in enumerate(procs, 1):  # every cell is done: they are writing the same report and exiting
-            if p.wait() != 0:
-                status(f"worker {i} exited with status {p.returncode}: see {logs / f'worker-{i}.log'}")
-    finally:
-        if lifeline >= 0:
-            with suppress(OSError):
-                os.close(lifeline)
-        os.close(hold)  # their lifeline reads end-of-file: any still running exits now
-        for p in procs:
-            with suppress(subprocess.TimeoutExpired):
-                p.wait(timeout=30)
+    takes the next cell no other process holds (`Compare.locked_cell`), so the cells run `n + 1` at a time. Each is a
+    child of `sandbox.run_module` (its own session, the launcher's lifeline: if this process dies, they and their
+    training children end too), run from a thread so that this process computes cells meanwhile. A worker that fails
+    leaves its cell's lock free for the others; its log is `OUT/logs/worker-<i>.log`."""
+    from evotrainer.trainer.sandbox import ChildResult, Limits, run_module
+
+    # orchestrator code, not harness code: no isolation, the network as this process has it, limits that only stop a
+    # runaway (each training child it starts gets its own)
+    limits = Limits(timeout_s=30 * 24 * 3600, memory_mb=64_000, network=True)
+    results: dict[int, ChildResult] = {}
+
+    def work(i: int) -> None:
+        results[i] = run_module("evotrainer.cli", [*args, "--jobs", "1", "--json"], cwd=Path.cwd(),
+                                log_path=out / "logs" / f"worker-{i}.log", limits=limits, label=f"compare worker {i}")
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"compare-worker-{i}", daemon=True)
+               for i in range(1, n + 1)]
+    for t in threads:
+        t.start()
+    status(f"{n} more process{'es' if n > 1 else ''} share the cells (logs: {out / 'logs'}/worker-*.log)")
+    yield  # on an exception this process ends, and its workers with it (their lifelines close)
+    for i, t in enumerate(threads, 1):  # every cell is done: they are writing the same report and exiting
+        t.join()
+        res = results.get(i)
+        if res is None or not res.ok:
+            status(f"worker {i} failed ({res.message if res else 'no result'}): see {out / 'logs' / f'worker-{i}.log'}")
 
 
 def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, budget_name: str,
