@@ -15,6 +15,7 @@ Re-running the same command on the same OUT resumes an interrupted run exactly.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -65,6 +66,24 @@ def _check_request(req: TrainRequest, out: Path) -> None:
         path.write_text(req.model_dump_json(indent=2))
 
 
+def preset_harness(harness: Path, model_dir: Path, dest: Path) -> tuple[Path, dict]:
+    """`harness` with the recipe of the model's size (`PRESETS`) written into a copy at `dest`; (dir, knobs set).
+    With nothing to change, `harness` itself."""
+    from evotrainer.agents.offline.edits import set_knob
+    from evotrainer.trainer.pretrained import parameter_count, preset_for
+
+    knobs = preset_for(parameter_count(model_dir))
+    if not knobs:
+        return harness, {}
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(harness, dest, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    text = (dest / "harness.yaml").read_text()
+    for key, value in knobs.items():
+        text = set_knob(text, key, value, comment="the preset of the model's size (trainer/pretrained.py)")
+    (dest / "harness.yaml").write_text(text)
+    return dest, knobs
+
+
 def check_device(device: str, vllm: bool) -> None:
     """One clear line when the device or the generation backend asked for is not there."""
     if device not in ("cpu", "cuda"):
@@ -106,7 +125,7 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
 
     preset: dict = {}
     if req.model:  # a pretrained model: converted once if it is GGUF, the recipe sized to it in a copy of the harness
-        from evotrainer.trainer.pretrained import preset_harness, resolve_model
+        from evotrainer.trainer.pretrained import resolve_model
 
         start = resolve_model(req.model)
         harness, preset = preset_harness(harness, start, out / "harness-preset")

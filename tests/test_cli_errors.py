@@ -101,6 +101,8 @@ CASES = [
     (["report", "{w}/empty"], 2, "not an EvoTrainer run"),
     (["report", "{w}/broken"], 2, "not a valid run configuration"),
     (["report", "{w}/fresh", "--out", "{w}/empty"], 2, "is a directory: pass --out FILE.html"),
+    (["analyze", "{w}/empty", "--out", "{w}/an"], 2, "not an EvoTrainer run"),
+    (["analyze", "{w}/fresh", "{w}/broken", "--out", "{w}/an"], 2, "not a valid run configuration"),
     (["diagnose", "{w}/empty"], 2, "no rollout evidence"),
     (["diagnose", "{w}/trained/evidence/g0/main"], 2, "--generation 0 --branch main"),
     (["backtest", "{w}/fresh", "cand/g1-nothing"], 2, "cand/g1-nothing"),

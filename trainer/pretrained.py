@@ -9,7 +9,7 @@
 A policy whose tokenizer has a chat template gets every domain prompt as one user message in that template
 (`policy.format_prompts`), in training and evaluation alike; the tiny default policies have none and see the raw
 prompt. `PRESETS` sizes the recipe to the model: `train --model` applies the preset of the model's size to a copy of
-the harness (`preset_harness`) and says so.
+the harness (`evotrainer/train.py::preset_harness`) and says so.
 """
 
 from __future__ import annotations
@@ -128,20 +128,3 @@ def parameter_count(model_dir: Path) -> int:
 
 def preset_for(parameters: int) -> dict:
     return next(knobs for limit, knobs in PRESETS if parameters <= limit)
-
-
-def preset_harness(harness: Path, model_dir: Path, dest: Path) -> tuple[Path, dict]:
-    """`harness` with the recipe of the model's size (`PRESETS`) written into a copy at `dest`; (dir, knobs set).
-    With nothing to change, `harness` itself."""
-    from evotrainer.agents.offline.edits import set_knob
-
-    knobs = preset_for(parameter_count(model_dir))
-    if not knobs:
-        return harness, {}
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(harness, dest, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-    text = (dest / "harness.yaml").read_text()
-    for key, value in knobs.items():
-        text = set_knob(text, key, value, comment="the preset of the model's size (trainer/pretrained.py)")
-    (dest / "harness.yaml").write_text(text)
-    return dest, knobs
