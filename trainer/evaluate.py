@@ -92,16 +92,15 @@ def evaluate(spec: EvalSpec) -> EvalResult:
             return play(model, tokenizer, items, env, temperature=temperature, seed=spec.seed)
     else:
         budget = getattr(domain, "split_max_new_tokens", {}).get(spec.split, domain.max_new_tokens)
-        longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in format_prompts(tokenizer,
-                                                                                                      prompts))
+        shown = dict(zip((t.id for t in tasks), format_prompts(tokenizer, prompts)))  # what the policy is given
+        longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in shown.values())
         if context is not None and longest + budget > context:
             raise UserError(f"the {spec.split} prompts need {longest + budget} positions (longest prompt {longest} + "
                             f"{budget} new tokens) but this policy has {context}: evaluate a larger model "
                             "(a local Hugging Face checkpoint), or grade its completions with --completions FILE")
 
         def complete(items: list, temperature: float = 0.0, batch_size: int = 256) -> list[str]:
-            return generate(model, tokenizer, format_prompts(tokenizer, [t.prompt for t in items]), budget,
-                            temperature=temperature,
+            return generate(model, tokenizer, [shown[t.id] for t in items], budget, temperature=temperature,
                             seed=spec.seed, batch_size=batch_size)
     greedy = complete(tasks)
     greedy_ok = [g.correct for g in grade_all(domain, greedy, [t.answer for t in tasks], [t.fmt for t in tasks],
