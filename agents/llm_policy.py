@@ -45,10 +45,47 @@ PROMPTS = Path(__file__).parent / "prompts"
 REVISION_ATTEMPTS = 2  # the Coder's analyzer, then one repair round with the reason it was refused
 
 
-def _system(prompt: str, schema: type[BaseModel]) -> str:
+def _system(prompt: str, schema: type[BaseModel] | dict) -> str:
     return (PROMPTS / f"{prompt}.md").read_text().strip() + \
         "\n\nReply with one JSON object, no prose, matching this JSON schema:\n" + \
-        json.dumps(schema.model_json_schema(), separators=(",", ":"))
+        json.dumps(schema if isinstance(schema, dict) else schema.model_json_schema(), separators=(",", ":"))
+
+
+NEW_ANALYZER = {"type": "string", "pattern": r"^diagnostics/[a-z][a-z0-9_]*\.py$"}
+
+
+def narrowed(model: type[BaseModel], *, values: dict[str, dict] | None = None, bounds: dict[str, dict] | None = None,
+             drop: tuple[str, ...] = (), require: tuple[str, ...] = ()) -> dict:
+    """`model`'s JSON schema narrowed to what this call allows: the schema the model is shown and a constraining
+    server decodes to. Fields are named `<Model>__<field>` (`Edit__path`): `values` replaces what a field may hold
+    (an enum, a pattern), `bounds` adds to it (`minItems`); `drop` removes top-level fields the model does not write
+    (the author) and `require` makes top-level fields with defaults required (a plan with its interventions). The
+    reply is still validated by `model` and checked in code as before: this only keeps a model that follows the
+    schema inside the menu."""
+    schema = model.model_json_schema()
+
+    def node(where: str) -> tuple[dict, str]:
+        name, field = where.split("__")
+        return (schema if name == model.__name__ else schema["$defs"][name])["properties"], field
+
+    for where, allowed in (values or {}).items():
+        props, field = node(where)
+        props[field] = {**{k: v for k, v in props[field].items() if k in ("title", "description", "default")},
+                        **allowed}
+    for where, extra in (bounds or {}).items():
+        props, field = node(where)
+        props[field] = {**props[field], **extra}
+    for field in drop:
+        schema["properties"].pop(field)
+    schema["required"] = [f for f in schema.get("required", []) if f not in drop] + \
+        [f for f in require if f not in schema.get("required", [])]
+    return schema
+
+
+def _one_of(values, *, nullable: bool = False, new: dict | None = None) -> dict:
+    options = ([{"enum": sorted(values)}] if values else []) + ([new] if new else []) + \
+        ([{"type": "null"}] if nullable else [])
+    return options[0] if len(options) == 1 else {"anyOf": options}
 
 
 def _quote(samples: list[Sample]) -> str:
@@ -83,11 +120,11 @@ class LLMPolicy:
 
     @classmethod
     def connect(cls, model: str, api_base: str | None = None, *, cost_per_mtok: tuple[float, float] | None = None,
-                timeout_s: float | None = None, retries: int | None = None) -> LLMPolicy:
+                timeout_s: float | None = None, retries: int | None = None, **client_options) -> LLMPolicy:
         """A policy whose endpoint answered the preflight call (timeout and attempts: the client's defaults when
-        None)."""
+        None; `client_options`: the rest of `LLMClient`'s, e.g. `schema_format`)."""
         limits = {k: v for k, v in dict(timeout_s=timeout_s, retries=retries).items() if v is not None}
-        client = LLMClient(model, api_base, cost_per_mtok=cost_per_mtok, **limits)
+        client = LLMClient(model, api_base, cost_per_mtok=cost_per_mtok, **limits, **client_options)
         client.preflight()
         return cls(client)
 
@@ -113,7 +150,8 @@ class LLMPolicy:
             "Random rollouts:\n" + _quote(inp.random),
             "Earlier diagnoses:\n" + "\n".join(d.summary for d in inp.previous) if inp.previous else "",
         ])
-        out, _ = self.client.structured("diagnoser", _system("diagnoser", Diagnosis), user, Diagnosis)
+        shape = narrowed(Diagnosis, drop=("author",), require=("bottlenecks",))
+        out, _ = self.client.structured("diagnoser", _system("diagnoser", shape), user, Diagnosis, shape)
         return out.model_copy(update={"generation": inp.generation, "author": self.label})
 
     def plan(self, inp: PlanInput) -> Plan:
@@ -143,7 +181,10 @@ class LLMPolicy:
             f"measured of it on sealed dev): {json.dumps(catalog)}",
             "Champion harness files:\n" + _files(inp.files),
         ])
-        out, _ = self.client.structured("planner", _system("planner", Plan), user, Plan)
+        shape = narrowed(Plan, values={"Intervention__transform": _one_of(menu, nullable=True)},
+                         bounds={"Plan__interventions": {"minItems": 1, "maxItems": max(1, inp.k)}},
+                         drop=("author",), require=("interventions", "rationale"))
+        out, _ = self.client.structured("planner", _system("planner", shape), user, Plan, shape)
         proposed, notes = [], []
         for iv in out.interventions:
             if iv.transform in menu:
@@ -175,7 +216,8 @@ class LLMPolicy:
             f"Attempt {inp.attempt + 1}. Error of the previous attempt: {inp.error or 'none'}",
             "Harness files:\n" + _files(inp.files),
         ])
-        out, _ = self.client.structured("coder", _system("coder", CodeResult), user, CodeResult)
+        shape = narrowed(CodeResult, values={"Edit__path": _one_of(inp.files, new=NEW_ANALYZER)})
+        out, _ = self.client.structured("coder", _system("coder", shape), user, CodeResult, shape)
         return out
 
     def critique(self, inp: CritiqueInput) -> Verdict:
@@ -230,7 +272,8 @@ class LLMPolicy:
         for attempt in range(REVISION_ATTEMPTS):
             ask = user + (f"\n\nYour previous analyzer was refused: {error}" if error else "")
             try:
-                out, _ = self.client.structured("coder", _system("analyzer", CodeResult), ask, CodeResult)
+                shape = narrowed(CodeResult, values={"Edit__path": NEW_ANALYZER})
+                out, _ = self.client.structured("coder", _system("analyzer", shape), ask, CodeResult, shape)
                 return self._analyzer(inp, out)
             except LLMError as e:
                 error = str(e)

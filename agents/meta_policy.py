@@ -86,3 +86,31 @@ class MetaPolicy(Protocol):
         """A new analyzer for what no analyzer flagged, as one new `diagnostics/<id>.py` registering `<id>`; None:
         nothing to propose. The loop validates it on history before committing it."""
         ...
+
+
+def connect(meta_llm: str, api_base: str | None = None, *, cost: list[float] | tuple[float, float] | None = None,
+            timeout_s: float | None = None, retries: int | None = None) -> MetaPolicy:
+    """The policy `--meta-llm` names: `offline` (the rules), `local` or `local:<model>` (the local server on
+    127.0.0.1, started or reused: `agents/local_llm.py`), or a LiteLLM model string; an LLM policy has answered its
+    preflight call."""
+    if meta_llm == "offline":
+        from evotrainer.agents.offline.policy import OfflinePolicy
+
+        return OfflinePolicy()
+    from evotrainer.agents.llm_policy import LLMPolicy
+
+    if meta_llm == "local" or meta_llm.startswith("local:"):
+        from evotrainer.agents import local_llm
+        from evotrainer.base.errors import UserError
+
+        if api_base:
+            raise UserError("--meta-llm local starts its own server on 127.0.0.1: drop --api-base, or name the "
+                            "server's model with --meta-llm openai/MODEL --api-base URL")
+        model, base = local_llm.ensure_server(meta_llm.partition(":")[2] or local_llm.DEFAULT_MODEL)
+        return LLMPolicy.connect(model, base, cost_per_mtok=(0.0, 0.0), timeout_s=timeout_s or local_llm.TIMEOUT_S,
+                                 retries=retries, schema_format=True, api_key="local",
+                                 max_tokens=local_llm.MAX_NEW_TOKENS)
+    # a server of one's own (vLLM, llama.cpp, Ollama, LM Studio) takes OpenAI's json_schema response format and
+    # constrains decoding to it; a hosted provider is left to LiteLLM's own handling and the repair round
+    return LLMPolicy.connect(meta_llm, api_base, cost_per_mtok=tuple(cost) if cost else None, timeout_s=timeout_s,
+                             retries=retries, schema_format=bool(api_base))

@@ -158,7 +158,8 @@ class RunConfig(BaseModel):
     domain: str
     seed: int = 0
     budget: Budget = Field(default_factory=Budget)
-    meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy) or a LiteLLM model string")
+    meta_llm: str = Field("offline", description="'offline' (rule-based meta-policy), 'local[:MODEL]' (a server on "
+                                                 "127.0.0.1) or a LiteLLM model string")
     api_base: str | None = None
     llm_timeout_s: float | None = Field(None, description="wall clock of one meta-LLM attempt (None: the client's "
                                                           "default)")

@@ -15,10 +15,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from evotrainer.agents import llm
+from evotrainer.agents.meta_policy import connect
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import writable_dir
 from evotrainer.base.settings import apply_offline_switches
-from evotrainer.compare.arms import ARMS
+from evotrainer.compare.arms import ARMS, LLM_ARMS
 from evotrainer.trainer.sandbox import isolation_mode
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -384,19 +385,6 @@ def validate_analyzer(
         Console().print(Markdown(result.markdown()))
 
 
-def _meta_policy(meta_llm: str, api_base: str | None, cost: list[float] | None, timeout_s: float | None = None,
-                 retries: int | None = None):
-    """The offline rules, or a LiteLLM model that answered its preflight call."""
-    if meta_llm == "offline":
-        from evotrainer.agents.offline.policy import OfflinePolicy
-
-        return OfflinePolicy()
-    from evotrainer.agents.llm_policy import LLMPolicy
-
-    return LLMPolicy.connect(meta_llm, api_base, cost_per_mtok=tuple(cost) if cost else None, timeout_s=timeout_s,
-                             retries=retries)
-
-
 def _promotions(con: Console, ws, summary) -> None:
     """Each promotion in full: what changed, the evidence it answered (its hypothesis) and its measured effect."""
     from evotrainer.agents.schemas import VerdictRecord
@@ -460,7 +448,8 @@ def _drive(ws, fresh: bool, as_json: bool, meta=None) -> None:
     if meta is None:
         cfg = ws.config()
         # preflight before any training
-        meta = _meta_policy(cfg.meta_llm, cfg.api_base, cfg.llm_cost_per_mtok, cfg.llm_timeout_s, cfg.llm_retries)
+        meta = connect(cfg.meta_llm, cfg.api_base, cost=cfg.llm_cost_per_mtok, timeout_s=cfg.llm_timeout_s,
+                       retries=cfg.llm_retries)
     with progress_display(not as_json) as feed:
         status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
                                                                               highlight=False))
@@ -513,8 +502,10 @@ def run(
     harness: Annotated[Path | None, typer.Option(help=HARNESS_HELP)] = None,
     generations: Annotated[int, typer.Option(min=1, help="generations of the loop")] = 3,
     candidates: Annotated[int, typer.Option(min=1, help="candidate interventions per generation")] = 3,
-    meta_llm: Annotated[str, typer.Option(help="'offline' (rule-based meta-policy) or a LiteLLM model string, e.g. "
-                                               "openai/gpt-4o-mini, ollama/qwen2.5, hosted_vllm/MODEL")] = "offline",
+    meta_llm: Annotated[str, typer.Option(help="'offline' (rule-based meta-policy), 'local' (SmolLM2-135M served on "
+                                               "127.0.0.1; 'local:PATH' another HF dir or .gguf) or a LiteLLM model "
+                                               "string, e.g. openai/gpt-4o-mini, ollama/qwen2.5, "
+                                               "hosted_vllm/MODEL")] = "offline",
     api_base: Annotated[str | None, typer.Option(help="endpoint of the meta-LLM (ollama, vLLM, a proxy)")] = None,
     llm_timeout: Annotated[float | None, typer.Option(min=1, help="seconds one meta-LLM attempt may take, wall clock "
                                                                   f"(default {llm.TIMEOUT_S:g})")] = None,
@@ -569,7 +560,7 @@ def run(
     # an unreachable endpoint, a missing key, no way to isolate harness code: before anything exists
     isolation_mode()
     start = _starting_harness(domain, harness)
-    meta = _meta_policy(meta_llm, api_base, cost, llm_timeout, llm_retries)
+    meta = connect(meta_llm, api_base, cost=cost, timeout_s=llm_timeout, retries=llm_retries)
     ws = open_run(directory, domain=start.domain, harness=start, budget=budget, meta_llm=meta_llm, api_base=api_base,
                   skills=str(skills.resolve()) if skills else None, checkpoint=str(checkpoint) if checkpoint else None,
                   seed=seed, loop_overrides=overrides, llm_cost=cost, llm_timeout_s=llm_timeout,
@@ -600,7 +591,11 @@ def compare(
     = Path("runs/compare"),
     budget: Annotated[str, typer.Option(help="default (3 generations x 1 candidate per loop arm) or smoke")]
     = "default",
-    arms: Annotated[str | None, typer.Option(help=f"comma-separated subset of: {', '.join(ARMS)}")] = None,
+    arms: Annotated[str | None, typer.Option(help=f"comma-separated subset of: {', '.join(ARMS)} (default: all but "
+                                                  f"{', '.join(LLM_ARMS)})")] = None,
+    meta_llm: Annotated[str, typer.Option(help="the meta-LLM of the evotrainer_llm arm: local, local:MODEL or a "
+                                               "LiteLLM model string")] = "local",
+    api_base: Annotated[str | None, typer.Option(help="endpoint of that meta-LLM")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="starting policy of every arm (default: the cached warm "
                                                          "policy of seed 0)")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="cells computed at a time, each in its own process (one training "
@@ -618,7 +613,7 @@ def compare(
                                                                               highlight=False))
         result = run_compare(out, domain, seeds, arms.split(",") if arms else None, budget,
                              checkpoint, command, status=status, on_progress=feed("warm-up (SFT, cached)"),
-                             harness=harness, jobs=jobs)
+                             harness=harness, jobs=jobs, meta_llm=meta_llm, api_base=api_base)
     if as_json:
         print(json.dumps([s.model_dump() for s in result.summaries]))
         return

@@ -124,6 +124,9 @@ CASES = [
     (["compare", "--domain", "chess", "--out", "{w}/new"], 2, "chess"),
     (["compare", "--harness", "{w}/missing", "--out", "{w}/new"], 2, "missing"),
     (["compare", "--budget", "huge", "--out", "{w}/new"], 2, "huge"),
+    (["compare", "--arms", "evotrainer,evotrainer_llm", "--meta-llm", "openai/x", "--api-base",
+      "http://127.0.0.1:9/v1", "--out", "{w}/new"], 2, "meta-LLM openai/x at http://127.0.0.1:9/v1 failed"),
+    (["run", "{w}/new", "--meta-llm", "local", "--api-base", "http://127.0.0.1:9/v1"], 2, "drop --api-base"),
     # skill memory
     (["skills", "import", "{w}/patch.diff", "--skills", "{w}/store"], 2, "not UTF-8"),
     (["skills", "import", "{w}/empty", "--skills", "{w}/store"], 2, "is a directory"),

@@ -38,6 +38,7 @@ SCRIPT = {"diagnoser": ["Here is my analysis: {not json at all", json.dumps(DIAG
 
 class ScriptedOpenAI(BaseHTTPRequestHandler):
     calls: dict[str, int] = {}
+    formats: dict[str, dict | None] = {}  # the response_format of each agent's last request
 
     def log_message(self, *args) -> None:
         pass
@@ -49,6 +50,7 @@ class ScriptedOpenAI(BaseHTTPRequestHandler):
                      "preflight")
         n = self.calls.get(agent, 0)
         self.calls[agent] = n + 1
+        self.formats[agent] = body.get("response_format")
         replies = SCRIPT[agent]
         content = replies[min(n, len(replies) - 1)]
         prompt_chars = sum(len(m["content"]) for m in body["messages"])
@@ -58,7 +60,7 @@ class ScriptedOpenAI(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    ScriptedOpenAI.calls = {}
+    ScriptedOpenAI.calls, ScriptedOpenAI.formats = {}, {}
     with local_server(ScriptedOpenAI) as url:
         yield url
 
@@ -78,6 +80,14 @@ def test_one_generation_through_litellm_with_repairs(server, tiny_policy, tmp_pa
     assert summary["generations"] == 1 and summary["stop_reason"].startswith("meta-LLM budget spent")
     assert summary["llm_dollars"] > 0.5
     assert ScriptedOpenAI.calls == {"preflight": 1, "diagnoser": 2, "planner": 1, "coder": 2, "critic": 1}
+    # a server of one's own (--api-base) is sent each agent's schema, narrowed to what the call allows
+    formats = ScriptedOpenAI.formats
+    assert formats["preflight"] is None and formats["critic"]["json_schema"]["name"] == "Verdict"
+    edit_path = formats["coder"]["json_schema"]["schema"]["$defs"]["Edit"]["properties"]["path"]["anyOf"]
+    assert "harness.yaml" in edit_path[0]["enum"] and edit_path[1]["pattern"].startswith("^diagnostics/")
+    plan = formats["planner"]["json_schema"]["schema"]
+    assert plan["properties"]["interventions"]["minItems"] == 1 and "author" not in plan["properties"]
+    assert "temperature" in plan["$defs"]["Intervention"]["properties"]["transform"]["anyOf"][0]["enum"]
     events = EventLog(run / "events.jsonl").read()
     repairs = [e for e in events if e["event"] == "repair"]
     assert any(e.get("agent") == "diagnoser" for e in repairs)  # malformed JSON -> repair round

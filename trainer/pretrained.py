@@ -72,7 +72,11 @@ def resolve_model(model: str | Path) -> Path:
     dest = models_dir() / f"{gguf.stem}-{digest}"
     if (dest / "meta.json").is_file():
         return dest
-    return convert_gguf(gguf, dest)
+    from filelock import FileLock
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(dest) + ".lock"):  # two processes asking at once: one converts, the other reads its result
+        return dest if (dest / "meta.json").is_file() else convert_gguf(gguf, dest)
 
 
 def convert_gguf(gguf: Path, dest: Path) -> Path:

@@ -12,6 +12,8 @@ Arms
   evotrainer    the co-evolution loop with the offline meta-policy
   no_revision, no_memory, replay_only   the loop with one part switched off (diagnostics revision, skill memory,
                 short-run backtests)
+  evotrainer_llm  the loop with its agents played by the meta-LLM `--meta-llm` names (default `local`), everything
+                else as `evotrainer`: a model measured against the offline policy with one command (only with --arms)
 
 Every (arm, seed) is a cell whose result is written to DIR/cells/ when it is done: an interrupted comparison rerun with
 the same command resumes at the first missing cell (a loop arm resumes its own run from its graph checkpoint), and
@@ -28,11 +30,22 @@ resumed, the request checked), `results.py` (cells and the paired statistics ove
 results.md, plots).
 """
 
-from evotrainer.compare.arms import ARMS, BUDGETS, DOMAINS, LOOPS, STATIC, CompareBudget, line_steps, static_harness
+from evotrainer.compare.arms import (
+    ARMS,
+    BUDGETS,
+    DEFAULT_ARMS,
+    DOMAINS,
+    LLM_ARMS,
+    LOOPS,
+    STATIC,
+    CompareBudget,
+    line_steps,
+    static_harness,
+)
 from evotrainer.compare.execution import Compare, check_request, compare
 from evotrainer.compare.report import headline, markdown, write_report
 from evotrainer.compare.results import ArmSummary, Cell, Comparison, summarize
 
-__all__ = ["ARMS", "BUDGETS", "DOMAINS", "LOOPS", "STATIC", "ArmSummary", "Cell", "Compare", "CompareBudget",
-           "Comparison", "check_request", "compare", "headline", "line_steps", "markdown", "static_harness",
-           "summarize", "write_report"]
+__all__ = ["ARMS", "BUDGETS", "DEFAULT_ARMS", "DOMAINS", "LLM_ARMS", "LOOPS", "STATIC", "ArmSummary", "Cell", "Compare",
+           "CompareBudget", "Comparison", "check_request", "compare", "headline", "line_steps", "markdown",
+           "static_harness", "summarize", "write_report"]

@@ -24,9 +24,12 @@ LOOPS: dict[str, dict[str, bool]] = {  # LoopConfig switches
     "no_revision": {"revise_diagnostics": False},
     "no_memory": {"skill_memory": False},
     "replay_only": {"short_runs": False},
+    "evotrainer_llm": {},  # the loop as `evotrainer`, its agents the meta-LLM `compare --meta-llm` names
 }
+LLM_ARMS = ("evotrainer_llm",)  # loop arms driven by the meta-LLM instead of the offline policy
 SEARCHES = ("hpo",)  # hyperparameter search over the template's recipe at the EvoTrainer arm's compute (hpo.py)
 ARMS = ("evotrainer", *STATIC, *SEARCHES, *[a for a in LOOPS if a != "evotrainer"])
+DEFAULT_ARMS = tuple(a for a in ARMS if a not in LLM_ARMS)  # without --arms: no meta-LLM is started
 DOMAINS = ("math", "code", "swe")
 
 

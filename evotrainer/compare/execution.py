@@ -18,7 +18,9 @@ from evotrainer.base.files import atomic_write_text, set_aside, writable_dir
 from evotrainer.compare.arms import (
     ARMS,
     BUDGETS,
+    DEFAULT_ARMS,
     DOMAINS,
+    LLM_ARMS,
     LOOPS,
     SEARCHES,
     CompareBudget,
@@ -45,10 +47,12 @@ class Compare:
     """One comparison directory: cells computed in order, each once."""
 
     def __init__(self, out: Path, harness: StartingHarness, seeds: list[int], arms: list[str], budget: CompareBudget,
-                 budget_name: str, checkpoint: Path, command: str, status: Callable[[str], None] | None = None):
+                 budget_name: str, checkpoint: Path, command: str, status: Callable[[str], None] | None = None,
+                 meta_llm: str = "local", api_base: str | None = None):
         self.out, self.harness, self.domain, self.seeds, self.arms = out, harness, harness.domain, seeds, arms
         self.budget, self.budget_name, self.start, self.command = budget, budget_name, checkpoint, command
         self.status = status or (lambda text: None)
+        self.meta_llm, self.api_base = meta_llm, api_base  # the agents of the LLM_ARMS
 
     def loop_config(self):
         from evotrainer.base.config import loop_config
@@ -160,23 +164,25 @@ class Compare:
                     sampled_correct=ev.sampled_correct, search=search)
 
     def _loop(self, arm: str, seed: int) -> Cell:
-        from evotrainer.agents.offline.policy import OfflinePolicy
+        from evotrainer.agents.meta_policy import connect
         from evotrainer.graph.build import drive, open_run
         from evotrainer.report import write_report as write_run_report
         from evotrainer.workspaces.run import RunWorkspace
 
         b = self.budget
         run_dir = self.out / "runs" / f"{arm}-s{seed}"
+        meta_llm, api_base = (self.meta_llm, self.api_base) if arm in LLM_ARMS else ("offline", None)
+        policy = connect(meta_llm, api_base)  # before the run exists: an unreachable model is one clear error
         if (run_dir / "run.yaml").is_file():
             ws = RunWorkspace.open(run_dir)
         else:
             # every run its own skill memory: seeds stay independent, and no arm learns from another
             ws = open_run(run_dir, domain=self.domain, budget={"generations": b.generations,
                                                                "candidates": b.candidates},
-                          meta_llm="offline", api_base=None, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
+                          meta_llm=meta_llm, api_base=api_base, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
                           checkpoint=str(self.start), seed=seed, loop_overrides={**b.loop_overrides(), **LOOPS[arm]},
                           harness=None if self.harness.template else self.harness)
-        summary = drive(ws, OfflinePolicy(), fresh=None)  # a run interrupted earlier resumes
+        summary = drive(ws, policy, fresh=None)  # a run interrupted earlier resumes
         if not summary.finished:
             raise UserError(f"the {arm} run of seed {seed} stopped before its end ({summary.stop_reason}): rerun the "
                             "same compare command to resume it")
@@ -348,10 +354,11 @@ def side_workers(n: int, out: Path, args: list[str], status: Callable[[str], Non
 
 def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, budget_name: str,
             checkpoint: Path | None, command: str, status: Callable[[str], None] | None = None,
-            on_progress=None, harness: Path | None = None, jobs: int = 1) -> Comparison:
+            on_progress=None, harness: Path | None = None, jobs: int = 1, meta_llm: str = "local",
+            api_base: str | None = None) -> Comparison:
     """Validate the request (one clear error, nothing written on bad input), then run or resume every cell, `jobs`
     at a time (`side_workers`). Every arm starts from `harness` (default: the domain's template); its domain is the
-    comparison's."""
+    comparison's. The LLM_ARMS are driven by `meta_llm` (at `api_base`)."""
     from evotrainer.trainer import jobs as trainer_jobs
     from evotrainer.workspaces.source import checked_harness
 
@@ -359,7 +366,7 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
         raise UserError(f"--jobs {jobs}: at least 1 (cells computed at a time; one training core each)")
     if budget_name not in BUDGETS:
         raise UserError(f"unknown --budget {budget_name!r}: choose one of {', '.join(BUDGETS)}")
-    arms = list(arms or ARMS)
+    arms = list(arms or DEFAULT_ARMS)
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise UserError(f"unknown arm {unknown[0]!r}: choose from {', '.join(ARMS)}")
@@ -377,20 +384,28 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
         raise UserError(f"compare supports harnesses of {', '.join(DOMAINS[:-1])} or {DOMAINS[-1]}, not "
                         f"{start_harness.domain!r}")
     domain = start_harness.domain
+    if any(a in LLM_ARMS for a in arms):  # an unreachable meta-LLM is one error before anything is written
+        from evotrainer.agents.meta_policy import connect
+
+        connect(meta_llm, api_base)
     out = writable_dir(out)
     request = {"domain": domain, "seeds": seeds, "arms": arms, "budget": budget_name,
                "checkpoint": str(checkpoint.resolve()) if checkpoint else None}
     if not start_harness.template:  # (a template comparison's request stays as it was recorded before --harness)
         request |= {"harness": start_harness.digest, "harness_path": str(start_harness.path)}
+    if any(a in LLM_ARMS for a in arms):  # the model is part of what is compared: a resume may not change it
+        request |= {"meta_llm": meta_llm, "api_base": api_base}
     check_request(out, request)
     start = checkpoint.resolve() if checkpoint else trainer_jobs.warm_policy(domain, 0, out, on_progress=on_progress)
     cmp = Compare(out, start_harness, list(range(seeds)), arms, budget_for(budget_name, domain), budget_name, start,
-                  command, status)
+                  command, status, meta_llm=meta_llm, api_base=api_base)
     if jobs == 1:
         return cmp.run()
     args = ["compare", "--domain", domain, "--seeds", str(seeds), "--arms", ",".join(arms), "--budget", budget_name,
             "--out", str(out)] + (["--harness", str(harness)] if harness else []) \
-        + (["--checkpoint", str(checkpoint)] if checkpoint else [])
+        + (["--checkpoint", str(checkpoint)] if checkpoint else []) \
+        + (["--meta-llm", meta_llm] + (["--api-base", api_base] if api_base else [])
+           if any(a in LLM_ARMS for a in arms) else [])
     with side_workers(jobs - 1, out, args, cmp.status):
         cmp.run()
     return cmp.run()  # every cell is on disk: read again, and the report written last, by this process's command

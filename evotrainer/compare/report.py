@@ -126,7 +126,7 @@ def markdown(c: Comparison, pages: list[str] = ()) -> str:
 
 COLORS = {"reference": "#444444", "clip_higher": "#8c564b", "dr_grpo": "#9467bd", "zero_var": "#e377c2",
           "hpo": "#17becf", "evotrainer": "#d62728", "no_revision": "#ff7f0e", "no_memory": "#2ca02c",
-          "replay_only": "#1f77b4"}
+          "replay_only": "#1f77b4", "evotrainer_llm": "#bcbd22"}
 
 
 def plot(c: Comparison, out: Path) -> list[Path]:
