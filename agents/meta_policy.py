@@ -35,6 +35,7 @@ is committed to the champion (the revise_diagnostics node).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -112,5 +113,7 @@ def connect(meta_llm: str, api_base: str | None = None, *, cost: list[float] | t
                                  max_tokens=local_llm.MAX_NEW_TOKENS)
     # a server of one's own (vLLM, llama.cpp, Ollama, LM Studio) takes OpenAI's json_schema response format and
     # constrains decoding to it; a hosted provider is left to LiteLLM's own handling and the repair round
+    # (and a server of one's own needs no key: the OpenAI client insists on one, so it is sent a placeholder)
+    keyless = api_base and meta_llm.startswith("openai/") and not os.environ.get("OPENAI_API_KEY")
     return LLMPolicy.connect(meta_llm, api_base, cost_per_mtok=tuple(cost) if cost else None, timeout_s=timeout_s,
-                             retries=retries, schema_format=bool(api_base))
+                             retries=retries, schema_format=bool(api_base), api_key="none" if keyless else None)

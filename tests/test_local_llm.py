@@ -95,7 +95,7 @@ def test_a_prompt_longer_than_the_context_is_cut_in_its_middle(cache_dir):
 def test_a_loop_generation_driven_by_the_local_model(server, tiny_policy, tmp_path):
     run = tmp_path / "run"
     proc = run_cli("run", str(run), "--checkpoint", str(tiny_policy), "--skills", str(tmp_path / "skills"),
-                   "--generations", "1", "--candidates", "2", "--meta-llm", "local", "--train-steps", "2",
+                   "--generations", "1", "--candidates", "1", "--meta-llm", "local", "--train-steps", "2",
                    "--backtest-steps", "2", "--seeds", "1", "--max-seeds", "1", "--dev-items", "50", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = last_json(proc.stdout)
@@ -114,7 +114,7 @@ def test_a_loop_generation_driven_by_the_local_model(server, tiny_policy, tmp_pa
     judged = {e["branch"].removeprefix("cand/"): e for e in events
               if e["event"] == "decision" and e.get("node") == "critique"}
     candidates = {c.removeprefix("cand/") for c in summary["history"][0]["candidates"]}
-    assert 1 <= len(planned) <= 2 and set(planned) == set(judged) == candidates
+    assert len(planned) == 1 and set(planned) == set(judged) == candidates
     for cid, d in judged.items():
         assert d["decision"] in ("promote", "reject", "inconclusive") and d["reasons"], d
         assert list((run / "reports").glob(f"verdict-*{cid}.json")) or any(
