@@ -494,6 +494,17 @@ def _llm_cost(text: str) -> list[float]:
     return cost
 
 
+EXECUTOR_HELP = ("where short-run arms train: local (this machine's child processes) or ray (a Ray task each; "
+                 "pip install ray)")
+RAY_ADDRESS_HELP = "a Ray cluster's address (ray start --head); default: a local Ray instance on this machine's cores"
+
+
+def _executor(kind: str, address: str | None) -> None:
+    from evotrainer.trainer import executor
+
+    executor.configure(kind, address)
+
+
 @app.command()
 def run(
     ctx: typer.Context,
@@ -526,6 +537,8 @@ def run(
     max_minutes: Annotated[float | None, typer.Option(help="budget: wall clock of the whole run")] = None,
     llm_cost: Annotated[str | None, typer.Option(help="'IN,OUT': dollars per million input and output tokens, for a "
                                                       "meta-LLM LiteLLM has no price for")] = None,
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP)] = "local",
+    ray_address: Annotated[str | None, typer.Option(help=RAY_ADDRESS_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
 ) -> None:
     """Co-evolve the policy and its harness: train, diagnose, plan, implement, backtest, critique, promote, distill.
@@ -542,12 +555,13 @@ def run(
             raise UserError(f"{directory} already holds a run that has started: continue it with `evotrainer resume "
                             f"{directory}`, or choose a new directory")
         given = sorted(f"--{p.name.replace('_', '-')}" for p in ctx.command.params
-                       if p.name not in ("directory", "as_json")
+                       if p.name not in ("directory", "as_json", "executor", "ray_address")  # not in run.yaml
                        and ctx.get_parameter_source(p.name).name not in ("DEFAULT", "DEFAULT_MAP"))
         if given:
             raise UserError(f"{directory} was made by `evotrainer init` and its settings are in its run.yaml, so "
                             f"{', '.join(given)} would be ignored: start it as configured with `evotrainer run "
                             f"{directory}`, or pass these options with a new directory")
+        _executor(executor, ray_address)
         _drive(ws, fresh=True, as_json=as_json)
         return
 
@@ -559,6 +573,7 @@ def run(
     cost = _llm_cost(llm_cost) if llm_cost else None
     # an unreachable endpoint, a missing key, no way to isolate harness code: before anything exists
     isolation_mode()
+    _executor(executor, ray_address)
     start = _starting_harness(domain, harness)
     meta = connect(meta_llm, api_base, cost=cost, timeout_s=llm_timeout, retries=llm_retries)
     ws = open_run(directory, domain=start.domain, harness=start, budget=budget, meta_llm=meta_llm, api_base=api_base,
@@ -571,12 +586,17 @@ def run(
 @app.command()
 def resume(
     directory: Annotated[Path, typer.Argument(help="a run directory")],
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP)] = "local",
+    ray_address: Annotated[str | None, typer.Option(help=RAY_ADDRESS_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="no live display; print the summary as JSON")] = False,
 ) -> None:
-    """Continue an interrupted run from its last completed node."""
+    """Continue an interrupted run from its last completed node (on any executor: where arms train does not
+    change what they compute)."""
     from evotrainer.workspaces.run import RunWorkspace
 
-    _drive(RunWorkspace.open(directory), fresh=False, as_json=as_json)
+    ws = RunWorkspace.open(directory)
+    _executor(executor, ray_address)
+    _drive(ws, fresh=False, as_json=as_json)
 
 
 @app.command()
@@ -596,6 +616,8 @@ def compare(
     meta_llm: Annotated[str, typer.Option(help="the meta-LLM of the evotrainer_llm arm: local, local:MODEL or a "
                                                "LiteLLM model string")] = "local",
     api_base: Annotated[str | None, typer.Option(help="endpoint of that meta-LLM")] = None,
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP + " (the loop arms' short runs)")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help=RAY_ADDRESS_HELP)] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="starting policy of every arm (default: the cached warm "
                                                          "policy of seed 0)")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="cells computed at a time, each in its own process (one training "
@@ -608,6 +630,7 @@ def compare(
     from evotrainer.compare import compare as run_compare
 
     command = "evotrainer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    _executor(executor, ray_address)
     with progress_display(not as_json) as feed:
         status = (lambda text: None) if as_json else (lambda text: err.print(f"[bold cyan]>[/] {text}",
                                                                               highlight=False))

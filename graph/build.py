@@ -31,6 +31,7 @@ from evotrainer.graph.events import EventLog
 from evotrainer.graph.nodes import Loop
 from evotrainer.graph.state import SERIALIZED, GenerationRecord, LoopState
 from evotrainer.memory.store import SkillStore
+from evotrainer.trainer import executor
 from evotrainer.trainer.sandbox import isolation_mode
 from evotrainer.workspaces.run import RunWorkspace
 from evotrainer.workspaces.source import StartingHarness
@@ -152,7 +153,8 @@ def drive(ws: RunWorkspace, meta: MetaPolicy, *, fresh: bool | None, feed: Calla
             if not fresh and not snapshot.values:
                 raise UserError(f"run {ws.path} has not started yet: start it with `evotrainer run {ws.path}`")
             events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed,
-                        isolation=isolation_mode())  # refuses here, before any work, where bwrap is missing
+                        isolation=isolation_mode(),  # refuses here, before any work, where bwrap is missing
+                        executor=executor.current().name)
             started = time.time()
             if fresh or snapshot.next:
                 graph.invoke(LoopState() if fresh else None, config, durability="sync")

@@ -352,6 +352,15 @@ def side_workers(n: int, out: Path, args: list[str], status: Callable[[str], Non
             status(f"worker {i} failed ({res.message if res else 'no result'}): see {out / 'logs' / f'worker-{i}.log'}")
 
 
+def _executor_args() -> list[str]:
+    """This process's executor, for the side workers' command lines."""
+    from evotrainer.trainer import executor
+
+    ex = executor.current()
+    address = getattr(ex, "address", None)
+    return [] if ex.name == "local" else ["--executor", ex.name] + (["--ray-address", address] if address else [])
+
+
 def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, budget_name: str,
             checkpoint: Path | None, command: str, status: Callable[[str], None] | None = None,
             on_progress=None, harness: Path | None = None, jobs: int = 1, meta_llm: str = "local",
@@ -405,7 +414,7 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
             "--out", str(out)] + (["--harness", str(harness)] if harness else []) \
         + (["--checkpoint", str(checkpoint)] if checkpoint else []) \
         + (["--meta-llm", meta_llm] + (["--api-base", api_base] if api_base else [])
-           if any(a in LLM_ARMS for a in arms) else [])
+           if any(a in LLM_ARMS for a in arms) else []) + _executor_args()
     with side_workers(jobs - 1, out, args, cmp.status):
         cmp.run()
     return cmp.run()  # every cell is on disk: read again, and the report written last, by this process's command

@@ -109,43 +109,53 @@ class Arms:
         self.fingerprint, self.on_progress = bench.fingerprint, on_progress
 
     def run(self, role: str, branch: str, commit: str, harness_dir: Path, seed: int):
+        from evotrainer.trainer import executor
         from evotrainer.trainer.evidence import branch_dir
 
-        started = time.time()
         tag = arm_tag(commit, seed, self.cfg.steps)
         out = self.bench.path / "backtests" / f"g{self.generation}" / branch_dir(branch) / tag
-        ckpt = out / "checkpoints" / "policy"
+        ex = executor.current()
+        # a local job reports its steps to the live display; a Ray task has no way back to it
+        progress = self.on_progress(f"{role} s{seed}") if self.on_progress and ex.name == "local" else None
         with _arm_lock(out):
-            return self._run(role, branch, commit, harness_dir, seed, out, ckpt, tag, started)
+            return ex.call(train_arm, self.bench, self.start, self.cfg, role, branch, commit, harness_dir, seed, out,
+                           progress)
 
-    def _run(self, role, branch, commit, harness_dir, seed, out, ckpt, tag, started):
-        from evotrainer.trainer import jobs
-        from evotrainer.trainer.evidence import read_rollouts
-        from evotrainer.trainer.grpo import TrainSpec, state_step
 
-        if not (ckpt / "meta.json").is_file():
-            # the arm continues the champion's line (its optimizer, schedule and data order); seed 0 samples as the
-            # line would, so the control's seed-0 arm is the main line's next segment, and a candidate's paired arm
-            # differs from it by the harness alone; seed s > 0 is a replicate that samples anew
-            cont = jobs.continuation(self.start, harness_dir)
-            at = state_step(cont["resume_state"]) if cont["resume_state"] else 0
-            # a backtest longer than the run's short runs (`evotrainer backtest --steps`) runs past the line's horizon
-            spec = TrainSpec(domain=self.domain, checkpoint=str(self.start), harness_dir=str(harness_dir),
-                             steps=self.cfg.steps, seed=self.bench.seed,
-                             horizon=max(self.bench.horizon, at + self.cfg.steps), reseed=seed or None,
-                             keep_state=True, **cont,
-                             out_dir=str(out), checkpoint_id="policy",
-                             checkpoints_dir=str(out / "checkpoints"), evidence_dir=str(self.bench.evidence),
-                             run=self.bench.path.name, generation=self.generation, branch=branch, harness_commit=commit,
-                             evidence_tag=tag, result_path=str(out / "specs" / "train.result.json"))
-            jobs.train(spec, out, on_progress=self.on_progress(f"{role} s{seed}") if self.on_progress else None)
-        ev = jobs.evaluate(ckpt, self.domain, "dev", out, k=0, limit=self.cfg.dev_items, seed=seed,
-                           expected_fingerprint=self.fingerprint)
-        rows = read_rollouts(self.bench.evidence, self.generation, branch, [tag]).to_pandas()
-        arm = Arm(role=role, seed=seed, commit=commit, checkpoint=str(ckpt), dev_accuracy=ev.accuracy,
-                  train_reward=float(rows["reward"].mean()), train_correct=float(rows["correct"].mean()),
-                  seconds=round(time.time() - started, 1))
-        return arm, np.array(ev.greedy_correct, dtype=float)
+def train_arm(bench: Bench, start: Path, cfg: BacktestConfig, role: str, branch: str, commit: str, harness_dir: Path,
+              seed: int, out: Path, on_progress=None) -> tuple[Arm, np.ndarray]:
+    """One arm, trained once (a finished one, its checkpoint's meta.json written, is only scored) and scored on
+    sealed dev: the job an executor runs (`trainer/executor.py`), here or in a Ray worker."""
+    from evotrainer.trainer import jobs
+    from evotrainer.trainer.evidence import read_rollouts
+    from evotrainer.trainer.grpo import TrainSpec, state_step
+
+    started = time.time()
+    tag = arm_tag(commit, seed, cfg.steps)
+    ckpt = out / "checkpoints" / "policy"
+    if not (ckpt / "meta.json").is_file():
+        # the arm continues the champion's line (its optimizer, schedule and data order); seed 0 samples as the
+        # line would, so the control's seed-0 arm is the main line's next segment, and a candidate's paired arm
+        # differs from it by the harness alone; seed s > 0 is a replicate that samples anew
+        cont = jobs.continuation(start, harness_dir)
+        at = state_step(cont["resume_state"]) if cont["resume_state"] else 0
+        # a backtest longer than the run's short runs (`evotrainer backtest --steps`) runs past the line's horizon
+        spec = TrainSpec(domain=bench.domain, checkpoint=str(start), harness_dir=str(harness_dir),
+                         steps=cfg.steps, seed=bench.seed,
+                         horizon=max(bench.horizon, at + cfg.steps), reseed=seed or None,
+                         keep_state=True, **cont,
+                         out_dir=str(out), checkpoint_id="policy",
+                         checkpoints_dir=str(out / "checkpoints"), evidence_dir=str(bench.evidence),
+                         run=bench.path.name, generation=bench.generation, branch=branch, harness_commit=commit,
+                         evidence_tag=tag, result_path=str(out / "specs" / "train.result.json"))
+        jobs.train(spec, out, on_progress=on_progress)
+    ev = jobs.evaluate(ckpt, bench.domain, "dev", out, k=0, limit=cfg.dev_items, seed=seed,
+                       expected_fingerprint=bench.fingerprint)
+    rows = read_rollouts(bench.evidence, bench.generation, branch, [tag]).to_pandas()
+    arm = Arm(role=role, seed=seed, commit=commit, checkpoint=str(ckpt), dev_accuracy=ev.accuracy,
+              train_reward=float(rows["reward"].mean()), train_correct=float(rows["correct"].mean()),
+              seconds=round(time.time() - started, 1))
+    return arm, np.array(ev.greedy_correct, dtype=float)
 
 
 def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thresholds: dict, on_progress=None
