@@ -150,8 +150,9 @@ class Generator:
         import torch
         import xgrammar
 
-        asked = body.get("max_completion_tokens") or body.get("max_tokens") or MAX_NEW_TOKENS
-        if not isinstance(asked, int) or asked < 1:
+        asked = next((body[k] for k in ("max_completion_tokens", "max_tokens") if body.get(k) is not None),
+                     MAX_NEW_TOKENS)
+        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
             raise BadRequest("max_tokens must be a positive integer")
         max_new = min(asked, MAX_NEW_TOKENS, self.context // 2)
         grammar = self._grammar(body.get("response_format"))
