@@ -25,7 +25,7 @@ from evotrainer.compare.hpo import current, propose, space, template_recipe, tri
 from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces.source import starting_harness
 
-from .conftest import last_json, run_cli
+from .conftest import last_json, local_server, run_cli
 
 
 @pytest.mark.parametrize("domain", ["math", "code"])
@@ -240,11 +240,22 @@ def _files(*roots: Path) -> dict[Path, int]:
     return {p: p.stat().st_mtime_ns for root in roots for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.fixture
+def scripted_llm():
+    """A meta-LLM of one's own: the scripted OpenAI-compatible server of the LLM path's test."""
+    from .test_llm_path import ScriptedOpenAI
+
+    ScriptedOpenAI.calls, ScriptedOpenAI.formats = {}, {}
+    with local_server(ScriptedOpenAI) as url:
+        yield url
+
+
 @pytest.mark.slow
-def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_path):
+def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, scripted_llm, tmp_path):
     out = tmp_path / "cmp"
-    arms = "reference,evotrainer,replay_only,hpo"
+    arms = "reference,evotrainer,replay_only,hpo,evotrainer_llm"
     args = ["compare", "--domain", "math", "--seeds", "1", "--budget", "smoke", "--arms", arms,
+            "--meta-llm", "openai/scripted-meta", "--api-base", scripted_llm,
             "--checkpoint", str(tiny_policy), "--out", str(out), "--json"]
     res = run_cli(*args, "--jobs", "2")  # a second process shares the cells
     assert res.returncode == 0, res.stderr[-2000:]
@@ -252,7 +263,13 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, tmp_pat
     worker = (out / "logs" / "worker-1.log").read_text()
     (printed,) = [line for line in worker.splitlines() if line.startswith("[")]  # its summaries, as --json prints
     assert json.loads(printed) == json.loads(res.stdout.strip().splitlines()[-1])
-    assert list(summaries) == ["evotrainer", "reference", "hpo", "replay_only"]  # EvoTrainer first: others match it
+    assert list(summaries) == ["evotrainer", "reference", "hpo", "replay_only", "evotrainer_llm"]  # EvoTrainer first
+    # the meta-LLM arm: the same loop, its agents the model the request names (recorded, so a resume cannot change it)
+    assert json.loads((out / "request.json").read_text())["meta_llm"] == "openai/scripted-meta"
+    llm_run = out / "runs" / "evotrainer_llm-s0"
+    start = json.loads((llm_run / "events.jsonl").read_text().splitlines()[0])
+    assert start["meta_policy"] == "meta-LLM openai/scripted-meta"
+    assert (llm_run / "transcripts" / "planner.jsonl").is_file()
     report = json.loads((out / "compare.json").read_text())
     cells = {c["arm"]: c for c in report["cells"]}
     evo, ref, replay, hpo = cells["evotrainer"], cells["reference"], cells["replay_only"], cells["hpo"]
