@@ -43,6 +43,7 @@ DEFAULT_MODEL = "smollm2"
 MAX_STRING = 300  # characters of a string field without its own maxLength
 MAX_ITEMS = 3  # items of an array field without its own maxItems
 MAX_NEW_TOKENS = 1024  # cap on a reply, whatever max_tokens the client asks for
+MAX_BODY = 16 * 1024 * 1024  # bytes of a request body
 REPETITION_PENALTY = 1.1  # greedy decoding of a tiny model repeats itself inside strings without it
 IDLE_EXIT_S = 1800.0
 TIMEOUT_S = 900.0  # the client's wall clock per attempt: a capped reply at a few tokens a second, with the prompt
@@ -187,7 +188,8 @@ def _handler(gen: Generator, seen: list[float]):
             self.wfile.write(data)
 
         def _error(self, status: int, message: str) -> None:
-            self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
+            kind = "invalid_request_error" if status < 500 else "server_error"
+            self._send(status, {"error": {"message": message, "type": kind, "code": status}})
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             if self.path.rstrip("/") in ("/v1/models", "/models"):
@@ -201,7 +203,10 @@ def _handler(gen: Generator, seen: list[float]):
             if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
                 return self._error(404, f"no route {self.path}: POST /v1/chat/completions")
             try:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                size = int(self.headers.get("Content-Length") or 0)
+                if size > MAX_BODY:  # no prompt of a meta-LLM call comes near it; the body is not read
+                    raise BadRequest(f"a request body of {size} bytes, over the {MAX_BODY} this server reads")
+                body = json.loads(self.rfile.read(size) or b"{}")
                 if not isinstance(body, dict):
                     raise BadRequest("the request body must be a JSON object")
                 if body.get("stream"):

@@ -79,6 +79,11 @@ def test_the_server_answers_in_the_schema_and_refuses_bad_requests(server):
                       ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens")]:
         status, reply = post(api_base, body)
         assert status == 400 and why in reply["error"]["message"], reply
+    huge = urllib.request.Request(f"{api_base}/chat/completions", data=b" ", method="POST",
+                                  headers={"Content-Length": str(local_llm.MAX_BODY + 1)})
+    with pytest.raises(urllib.error.HTTPError) as refused:  # refused before its body is read
+        urllib.request.urlopen(huge, timeout=60)
+    assert refused.value.code == 400 and "over the" in json.loads(refused.value.read())["error"]["message"]
 
 
 def test_a_prompt_longer_than_the_context_is_cut_in_its_middle(cache_dir):
