@@ -277,11 +277,17 @@ def _code() -> str:
     return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 
-def _running(model: str) -> dict | None:
-    path = _state_file(model)
+def _state(model: str) -> dict | None:
+    """What the server for `model` wrote when it started answering (None: no readable state file)."""
     try:
-        state = json.loads(path.read_text())
+        return json.loads(_state_file(model).read_text())
     except (OSError, ValueError):
+        return None
+
+
+def _running(model: str) -> dict | None:
+    state = _state(model)
+    if state is None:
         return None
     if state.get("code") != _code():
         stop_server(model)
@@ -322,12 +328,10 @@ def ensure_server(model: str = DEFAULT_MODEL, threads: int | None = None,
 
 def stop_server(model: str = DEFAULT_MODEL) -> bool:
     """Stop the shared server for `model` if one is running; True when one was."""
-    path = _state_file(model)
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, ValueError):
+    state = _state(model)
+    if state is None:
         return False
-    path.unlink(missing_ok=True)
+    _state_file(model).unlink(missing_ok=True)
     if not _answers(state.get("api_base", ""), state.get("model", "")):
         return False
     try:

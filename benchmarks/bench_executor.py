@@ -55,25 +55,26 @@ def one_generation(out: Path, name: str, a: argparse.Namespace) -> dict:
             "arms": arms}
 
 
-def ray_overhead(cpus: int = 2, tasks: int = 50) -> dict:
-    import ray
+def _noop(x: int) -> int:
+    return x
+
+
+def ray_overhead(tasks: int = 50) -> dict:
+    """The executor's own cost: starting its local Ray instance, its first task (a worker started), then a task's
+    round trip through `RayExecutor.call`, one at a time as an arm's thread waits for its task."""
+    from evotrainer.trainer import executor
 
     started = time.time()
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ex = executor.configure("ray")
     init = time.time() - started
-
-    @ray.remote(num_cpus=1)
-    def noop(x):
-        return x
-
     t = time.time()
-    ray.get(noop.remote(0))
+    ex.call(_noop, 0)
     first = time.time() - t
     t = time.time()
-    for i in range(tasks):  # one at a time: the round trip of a task, as an arm's thread waits for its task
-        ray.get(noop.remote(i))
+    for i in range(tasks):
+        ex.call(_noop, i)
     each = (time.time() - t) / tasks
-    ray.shutdown()
+    ex.ray.shutdown()
     return {"init_seconds": round(init, 2), "first_task_seconds": round(first, 3),
             "task_round_trip_ms": round(each * 1000, 2)}
 
