@@ -494,8 +494,8 @@ def _llm_cost(text: str) -> list[float]:
     return cost
 
 
-EXECUTOR_HELP = ("where short-run arms train: local (this machine's child processes) or ray (a Ray task each; "
-                 "pip install ray)")
+EXECUTOR_HELP = ("where jobs (training, short-run arms, sealed evaluations, replays) run: local (this machine's child "
+                 "processes) or ray (a Ray task each; pip install ray)")
 RAY_ADDRESS_HELP = "a Ray cluster's address (ray start --head); default: a local Ray instance on this machine's cores"
 
 
@@ -616,7 +616,8 @@ def compare(
     meta_llm: Annotated[str, typer.Option(help="the meta-LLM of the evotrainer_llm arm: local, local:MODEL or a "
                                                "LiteLLM model string")] = "local",
     api_base: Annotated[str | None, typer.Option(help="endpoint of that meta-LLM")] = None,
-    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP + " (the loop arms' short runs)")] = "local",
+    executor: Annotated[str, typer.Option(help=EXECUTOR_HELP + " (every cell's jobs; the cell orchestrators, --jobs, "
+                                                                 "run here)")] = "local",
     ray_address: Annotated[str | None, typer.Option(help=RAY_ADDRESS_HELP)] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="starting policy of every arm (default: the cached warm "
                                                          "policy of seed 0)")] = None,

@@ -155,7 +155,7 @@ def drive(ws: RunWorkspace, meta: MetaPolicy, *, fresh: bool | None, feed: Calla
             events.emit("run_start" if fresh else "resume", meta_policy=meta.label, removed_worktrees=removed,
                         isolation=isolation_mode(),  # refuses here, before any work, where bwrap is missing
                         executor=executor.current().name)
-            started = time.time()
+            started, jobs_before = time.time(), executor.current().jobs.copy()
             if fresh or snapshot.next:
                 graph.invoke(LoopState() if fresh else None, config, durability="sync")
             snapshot = graph.get_state(THREAD)
@@ -167,7 +167,9 @@ def drive(ws: RunWorkspace, meta: MetaPolicy, *, fresh: bool | None, feed: Calla
         summary = summarize(ws, state, meta.label, finished, stop, len(store))
         atomic_write_text(ws.path / "reports" / "summary.json", summary.model_dump_json(indent=2))
         atomic_write_text(ws.path / "reports" / "summary.md", summary.markdown())
-        events.emit("run_end", stop_reason=stop, seconds=round(time.time() - started, 1))
+        # the jobs this process ran (or sent to Ray) for the run, by kind; a short-run arm's own jobs ran inside it
+        events.emit("run_end", stop_reason=stop, seconds=round(time.time() - started, 1),
+                    executor=executor.current().name, jobs=dict(executor.current().jobs - jobs_before))
         return summary
 
 

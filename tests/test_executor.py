@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from evotrainer.base.errors import UserError
-from evotrainer.trainer import executor
+from evotrainer.trainer import executor, jobs
 from tests.conftest import last_json, run_cli
 
 LOOP = ["--generations", "1", "--candidates", "1", "--train-steps", "2", "--backtest-steps", "2", "--seeds", "1",
@@ -38,13 +39,23 @@ def _where(x: int) -> tuple[int, int]:
     return os.getpid(), x
 
 
-def test_a_ray_task_runs_elsewhere_and_its_failure_is_the_jobs_own():
+def test_a_ray_task_runs_elsewhere_and_its_failure_is_the_jobs_own(tiny_policy, tmp_path):
+    # two copies of the policy, no evaluation cached beside either: each evaluation below starts its child
+    a, b = (shutil.copytree(tiny_policy, tmp_path / name / "policy", ignore=shutil.ignore_patterns("evals"))
+            for name in ("a", "b"))
+    before = executor.current().jobs["sealed_evaluation"]
+    here = jobs.evaluate(a, "math", "dev", tmp_path / "local", k=0, limit=8)
+    assert executor.current().jobs["sealed_evaluation"] == before + 1  # the local executor counts what it runs
     ex = executor.configure("ray")
     try:
-        pid, x = ex.call(_where, 7)
+        pid, x = ex.call("probe", _where, 7, cpus=1)
         assert x == 7 and pid != os.getpid()  # a Ray worker ran it
         with pytest.raises(UserError, match="^the arm failed$"):  # not wrapped in Ray's traceback
-            ex.call(_fails, "the arm failed")
+            ex.call("probe", _fails, "the arm failed")
+        # a sealed evaluation's child, started by a Ray worker: the same typed result as here
+        there = jobs.evaluate(b, "math", "dev", tmp_path / "ray", k=0, limit=8)
+        assert ex.jobs == {"probe": 2, "sealed_evaluation": 1}
+        assert (there.greedy_correct, there.item_ids) == (here.greedy_correct, here.item_ids)
     finally:
         ex.ray.shutdown()
         executor.configure("local")
@@ -99,6 +110,13 @@ def test_ray_arms_match_local_and_a_killed_run_resumes_without_redoing_an_arm(ti
     assert last_json(res.stdout)["finished"]
     events = [json.loads(line) for line in (ray_run / "events.jsonl").read_text().splitlines()]
     assert [e["executor"] for e in events if e["event"] in ("run_start", "resume")] == ["ray", "ray"]
+    end = [e for e in events if e["event"] == "run_end"][-1]  # the resume's: the arm it trained was a Ray task
+    assert end["executor"] == "ray" and end["jobs"].get("short_run_arm", 0) >= 1
+    local_end = [json.loads(line) for line in (local / "events.jsonl").read_text().splitlines()][-1]
+    # every child of the loop went through the executor: the main line, sealed dev, the replay, the arms
+    assert local_end["event"] == "run_end" and local_end["executor"] == "local"
+    assert {"training", "sealed_evaluation", "replay"} <= set(local_end["jobs"])
+    assert local_end["jobs"]["short_run_arm"] == 2
     after = _arms(ray_run)
     assert all(after[arm] == written for arm, written in finished.items())  # not one finished arm trained again
     assert len(after) == len(_arms(local)) == 2  # the control's arm and the candidate's

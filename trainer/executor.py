@@ -1,10 +1,14 @@
-"""Where the heavy jobs the loop fans out run: each short-run arm (train a few GRPO steps, score on sealed dev).
+"""Where the heavy jobs the loop and `compare` fan out run: every child process of `jobs.run_child` (the main
+line's training segments, sealed evaluations, replays, diagnoses, compare's static arms and hpo trials) and each
+short-run arm as a whole (train a few GRPO steps, score on sealed dev: `backtest.arms.train_arm`).
 
 - `local` (the default): in this process's thread, which starts the job's isolated children as always; the loop's
-  own thread pool (`loop.backtest.parallel`) bounds how many run at once.
+  own thread pool (`loop.backtest.parallel`) and `compare --jobs` bound how many run at once.
 - `ray` (`--executor ray [--ray-address ADDR]`, the `ray` extra): each job a Ray task asking for one CPU (and a GPU
-  with `gpus`), run by a Ray worker that starts the same isolated children (bubblewrap holds there as here), its
-  typed result returned to the loop. Without an address a local Ray instance is started with this machine's cores;
+  when its child trains on one), run by a Ray worker that starts the same isolated children (bubblewrap holds there
+  as here), its typed result returned to the caller. A job's own jobs run where it runs (a Ray worker's executor is
+  local), so no task ever waits on another while holding a CPU. `compare --jobs N --executor ray` runs N cell
+  orchestrators on this machine (they hold no CPU of the cluster) whose jobs spread over the cluster. Without an address a local Ray instance is started with this machine's cores;
   with one (`ray start --head` elsewhere), the run directory and the cache must be on a filesystem every node sees,
   since jobs write where the run expects them.
 
@@ -18,6 +22,8 @@ worker.
 from __future__ import annotations
 
 import os
+import threading
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
@@ -32,23 +38,37 @@ FORWARDED = ("EVOTRAINER_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_NUM_THRE
 
 class Executor(Protocol):
     name: str
+    jobs: Counter  # the jobs this process ran through it, by kind
 
-    def call(self, fn: Callable[..., T], *args, cpus: int = 1, gpus: int = 0) -> T:
-        """`fn(*args)` where this executor runs jobs; blocks until it returns (callers run several from threads)."""
+    def call(self, job: str, fn: Callable[..., T], *args, cpus: int = 1, gpus: int = 0, **kwargs) -> T:
+        """`fn(*args, **kwargs)` where this executor runs jobs, counted under `job` (its kind); blocks until it
+        returns (callers run several from threads)."""
         ...
 
 
-class LocalExecutor:
+class _Counted:
+    def __init__(self):
+        self.jobs: Counter = Counter()
+        self._lock = threading.Lock()
+
+    def _count(self, job: str) -> None:
+        with self._lock:
+            self.jobs[job] += 1
+
+
+class LocalExecutor(_Counted):
     name = "local"
 
-    def call(self, fn: Callable[..., T], *args, cpus: int = 1, gpus: int = 0) -> T:
-        return fn(*args)
+    def call(self, job: str, fn: Callable[..., T], *args, cpus: int = 1, gpus: int = 0, **kwargs) -> T:
+        self._count(job)
+        return fn(*args, **kwargs)
 
 
-class RayExecutor:
+class RayExecutor(_Counted):
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None):
+        super().__init__()
         try:
             import ray
         except ImportError as e:
@@ -67,12 +87,13 @@ class RayExecutor:
         self.address = ray.get_runtime_context().gcs_address  # where other processes join this instance
         self._remote: dict[tuple, object] = {}
 
-    def call(self, fn: Callable[..., T], *args, cpus: int = 1, gpus: int = 0) -> T:
+    def call(self, job: str, fn: Callable[..., T], *args, cpus: int = 1, gpus: int = 0, **kwargs) -> T:
         key = (fn, cpus, gpus)
         if key not in self._remote:
             self._remote[key] = self.ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(fn)
+        self._count(job)
         try:
-            return self.ray.get(self._remote[key].remote(*args))
+            return self.ray.get(self._remote[key].remote(*args, **kwargs))
         except self.ray.exceptions.RayTaskError as e:  # the job's own exception, as a local call would raise it
             if isinstance(getattr(e, "cause", None), Exception):
                 raise e.cause from None

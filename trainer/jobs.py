@@ -30,6 +30,11 @@ from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cach
 from evotrainer.trainer.sandbox import ChildResult, Isolation, Limits, isolation_mode, run_module
 
 Progress = Callable[[dict], None] | None
+# each child's kind, as the executor counts it (a run's `run_end` event lists them)
+JOB_KINDS = {"evotrainer.trainer.grpo": "training", "evotrainer.trainer.evaluate": "sealed_evaluation",
+             "evotrainer.trainer.backtest.replay": "replay", "evotrainer.trainer.policy": "warm_up",
+             "evotrainer.trainer.diagnostics.report": "diagnosis",
+             "evotrainer.trainer.diagnostics.history": "analyzer_validation"}
 
 
 class ChildFailed(UserError):
@@ -47,9 +52,15 @@ def _write_spec(spec, path: Path) -> None:
 def run_child(module: str, args: list[str], *, cwd: Path, log: Path, limits: Limits, label: str,
               on_progress: Progress = None, isolation: Isolation | None = None) -> ChildResult:
     """A child that reports bad input as a `UserError: <sentence>` line (exit 3): that sentence becomes this
-    process's UserError; any other failure is a ChildFailed naming the job, the reason and the log."""
-    res = run_module(module, args, cwd=cwd, log_path=log, limits=limits, on_progress=on_progress, label=label,
-                     isolation=isolation)
+    process's UserError; any other failure is a ChildFailed naming the job, the reason and the log. The child
+    runs where this process's executor runs jobs (`executor.py`: here, or a Ray worker that starts it the same way;
+    a Ray task's progress does not come back)."""
+    from evotrainer.trainer import executor
+
+    ex = executor.current()
+    res = ex.call(JOB_KINDS.get(module, module), run_module, module, args, cwd=cwd, log_path=log, limits=limits,
+                  on_progress=on_progress if ex.name == "local" else None, label=label, isolation=isolation,
+                  gpus=1 if isolation is not None and isolation.gpu else 0)
     if not res.ok:
         if res.returncode == 3 and "UserError: " in res.log_tail:
             raise UserError(res.log_tail.rsplit("UserError: ", 1)[1].strip())

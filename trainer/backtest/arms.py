@@ -118,8 +118,8 @@ class Arms:
         # a local job reports its steps to the live display; a Ray task has no way back to it
         progress = self.on_progress(f"{role} s{seed}") if self.on_progress and ex.name == "local" else None
         with _arm_lock(out):
-            return ex.call(train_arm, self.bench, self.start, self.cfg, role, branch, commit, harness_dir, seed, out,
-                           progress)
+            return ex.call("short_run_arm", train_arm, self.bench, self.start, self.cfg, role, branch, commit,
+                           harness_dir, seed, out, progress)
 
 
 def train_arm(bench: Bench, start: Path, cfg: BacktestConfig, role: str, branch: str, commit: str, harness_dir: Path,
