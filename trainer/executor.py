@@ -8,9 +8,9 @@ short-run arm as a whole (train a few GRPO steps, score on sealed dev: `backtest
   when its child trains on one), run by a Ray worker that starts the same isolated children (bubblewrap holds there
   as here), its typed result returned to the caller. A job's own jobs run where it runs (a Ray worker's executor is
   local), so no task ever waits on another while holding a CPU. `compare --jobs N --executor ray` runs N cell
-  orchestrators on this machine (they hold no CPU of the cluster) whose jobs spread over the cluster. Without an address a local Ray instance is started with this machine's cores;
-  with one (`ray start --head` elsewhere), the run directory and the cache must be on a filesystem every node sees,
-  since jobs write where the run expects them.
+  orchestrators on this machine (they hold no CPU of the cluster) whose jobs spread over the cluster. Without an
+  address a local Ray instance is started with this machine's cores; with one (`ray start --head` elsewhere), the
+  run directory and the cache must be on a filesystem every node sees, since jobs write where the run expects them.
 
 Scheduling stays in the loop (which arms, in what order, when to add a seed, one thread per arm in flight), so the
 verdicts do not depend on the executor; a finished arm (its checkpoint's meta.json) is never redone, whichever ran
