@@ -120,4 +120,6 @@ def test_ray_arms_match_local_and_a_killed_run_resumes_without_redoing_an_arm(ti
     after = _arms(ray_run)
     assert all(after[arm] == written for arm, written in finished.items())  # not one finished arm trained again
     assert len(after) == len(_arms(local)) == 2  # the control's arm and the candidate's
+    for arm in after:  # trained by a Ray worker's children under bubblewrap, as here
+        assert json.loads((ray_run / arm / "meta.json").read_text())["isolation"] == "bwrap"
     assert _verdicts(ray_run) == _verdicts(local) and _verdicts(local)
