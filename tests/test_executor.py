@@ -116,7 +116,7 @@ def test_ray_arms_match_local_and_a_killed_run_resumes_without_redoing_an_arm(ti
     # every child of the loop went through the executor: the main line, sealed dev, the replay, the arms
     assert local_end["event"] == "run_end" and local_end["executor"] == "local"
     assert {"training", "sealed_evaluation", "replay"} <= set(local_end["jobs"])
-    assert local_end["jobs"]["short_run_arm"] == 2
+    assert local_end["jobs"]["short_run_arm"] >= 2  # each arm (a finished one asked again is only scored)
     after = _arms(ray_run)
     assert all(after[arm] == written for arm, written in finished.items())  # not one finished arm trained again
     assert len(after) == len(_arms(local)) == 2  # the control's arm and the candidate's
