@@ -531,6 +531,10 @@ def run(
     seeds: Annotated[int | None, typer.Option(min=1, help="seeds of a candidate's first short-run round")] = None,
     max_seeds: Annotated[int | None, typer.Option(min=1, help="extend promising candidates up to this many")] = None,
     dev_items: Annotated[int | None, typer.Option(min=1, help="sealed dev items per evaluation")] = None,
+    repair_rounds: Annotated[int | None, typer.Option(min=0, help="times the Coder is asked again, shown the error, "
+                                                                  "when its candidate does not apply or validate "
+                                                                  "(default 2; 0: a failed candidate is dropped)")
+                             ] = None,
     max_train_steps: Annotated[int | None, typer.Option(min=1, help="budget: GRPO steps in all, backtests "
                                                                     "included")] = None,
     max_dollars: Annotated[float | None, typer.Option(help="budget: meta-LLM spend in dollars")] = None,
@@ -566,7 +570,8 @@ def run(
         return
 
     overrides = {k: v for k, v in dict(train_steps=train_steps, backtest_steps=backtest_steps, seeds=seeds,
-                                       max_seeds=max_seeds, dev_items=dev_items).items() if v is not None}
+                                       max_seeds=max_seeds, dev_items=dev_items,
+                                       repair_rounds=repair_rounds).items() if v is not None}
     overrides = nest(overrides)  # --backtest-steps, --seeds, ... set loop.backtest
     budget = {"generations": generations, "candidates": candidates, "train_steps": max_train_steps,
               "llm_dollars": max_dollars, "wall_clock_s": max_minutes * 60 if max_minutes else None}

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import yaml
 
 from evotrainer.agents import local_llm
 from evotrainer.agents.llm_policy import NEW_ANALYZER, _one_of, narrowed
@@ -102,10 +103,12 @@ def test_a_loop_generation_driven_by_the_local_model(server, tiny_policy, tmp_pa
     run = tmp_path / "run"
     proc = run_cli("run", str(run), "--checkpoint", str(tiny_policy), "--skills", str(tmp_path / "skills"),
                    "--generations", "1", "--candidates", "1", "--meta-llm", "local", "--train-steps", "2",
-                   "--backtest-steps", "2", "--seeds", "1", "--max-seeds", "1", "--dev-items", "50", "--json")
+                   "--backtest-steps", "2", "--seeds", "1", "--max-seeds", "1", "--dev-items", "50",
+                   "--repair-rounds", "0", "--json")  # an edit that does not apply is dropped, not asked again
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = last_json(proc.stdout)
     assert summary["finished"] and summary["meta_policy"] == "meta-LLM openai/smollm2"
+    assert yaml.safe_load((run / "run.yaml").read_text())["loop"]["repair_rounds"] == 0
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     calls = [e for e in events if e["event"] == "call"]
     # every agent call answered by the real model, each written to its transcript

@@ -103,7 +103,7 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
                                                 ci_low=0.01, ci_high=0.05), "math",
                              findings=[Finding(**f) for f in health["findings"]], diagnosis=diag["summary"],
                              run="another-run", commit="0" * 40))
-    second = run_cli(*_args(tmp_path / "second", tiny_policy, skills, 1, 2))
+    second = run_cli(*_args(tmp_path / "second", tiny_policy, skills, 1, 1))  # its first proposal is what counts
     assert second.returncode == 0, second.stderr[-3000:]
     plan = json.loads((tmp_path / "second" / "reports" / "plan-g1.json").read_text())
     diagnosis = json.loads((tmp_path / "second" / "reports" / "diagnosis-g1.json").read_text())
