@@ -129,7 +129,7 @@ def test_offline_run_two_generations(tiny_policy, tmp_path):
 @pytest.mark.slow
 def test_sigkill_during_backtest_then_resume(tiny_policy, tmp_path):
     run, skills = tmp_path / "run", tmp_path / "skills"
-    cmd = [sys.executable, "-m", "evotrainer.cli", *_args(run, tiny_policy, skills, 1, 2)]
+    cmd = [sys.executable, "-m", "evotrainer.cli", *_args(run, tiny_policy, skills, 1, 1)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     try:
