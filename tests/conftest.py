@@ -29,11 +29,20 @@ TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_
 TINY_WARMUP = {"target_accuracy": 0.99, "max_steps": 150, "eval_every": 150, "eval_items": 50}
 
 
+# seconds each of the longest files took in one process (`pytest -n 0 --durations=100` beside one benchmark training,
+# 2026-12-06): they start longest first. Only the order depends on these figures, never a result.
+FILE_SECONDS = {"test_compare.py": 264, "test_loop.py": 235, "test_backtest.py": 233, "test_local_llm.py": 185,
+                "test_abuse_loop.py": 155, "test_line.py": 155, "test_executor.py": 130, "test_flawed.py": 122,
+                "test_code_training.py": 107, "test_train_cli.py": 83, "test_swe_training.py": 73,
+                "test_llm_path.py": 64, "test_abuse.py": 60, "test_pretrained.py": 59}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files with slow tests first, each file's tests in their order: under pytest-xdist (`--dist loadfile`) the long
-    files start early and the short ones fill the gaps, instead of one worker finishing a long file alone."""
+    """The longest files first (the measured ones by their time, then any other with a slow test), each file's tests
+    in their order: under pytest-xdist (`--dist loadfile`) the long files start early and the short ones fill the
+    gaps, instead of one worker finishing a long file alone (a greedy longest-first schedule)."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow)
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 1 if item.path in slow else 0))
 
 
 @pytest.fixture(scope="session")
