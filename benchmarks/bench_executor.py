@@ -68,11 +68,11 @@ def ray_overhead(tasks: int = 50) -> dict:
     ex = executor.configure("ray")
     init = time.time() - started
     t = time.time()
-    ex.call(_noop, 0)
+    ex.call("noop", _noop, 0)
     first = time.time() - t
     t = time.time()
     for i in range(tasks):
-        ex.call(_noop, i)
+        ex.call("noop", _noop, i)
     each = (time.time() - t) / tasks
     ex.ray.shutdown()
     return {"init_seconds": round(init, 2), "first_task_seconds": round(first, 3),
