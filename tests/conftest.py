@@ -108,3 +108,14 @@ def send_json(handler, data: bytes, status: int = 200) -> None:
     handler.send_header("Content-Length", str(len(data)))
     handler.end_headers()
     handler.wfile.write(data)
+
+
+@pytest.fixture
+def scripted_llm() -> Iterator[str]:
+    """A meta-LLM of one's own: `test_llm_path.ScriptedOpenAI` (each agent's scripted replies) on a local server,
+    its call counts and received schemas reset; yields the base URL for --api-base."""
+    from .test_llm_path import ScriptedOpenAI
+
+    ScriptedOpenAI.calls, ScriptedOpenAI.formats = {}, {}
+    with local_server(ScriptedOpenAI) as url:
+        yield url

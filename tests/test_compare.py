@@ -25,7 +25,7 @@ from evotrainer.compare.hpo import current, propose, space, template_recipe, tri
 from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces.source import starting_harness
 
-from .conftest import last_json, local_server, run_cli
+from .conftest import last_json, run_cli
 
 
 @pytest.mark.parametrize("domain", ["math", "code"])
@@ -238,16 +238,6 @@ def test_a_cell_that_no_longer_fits_its_evotrainer_cell_is_stale(tmp_path):
 def _files(*roots: Path) -> dict[Path, int]:
     """Every file under `roots` with its modification time: a training or an evaluation adds or rewrites some."""
     return {p: p.stat().st_mtime_ns for root in roots for p in root.rglob("*") if p.is_file()}
-
-
-@pytest.fixture
-def scripted_llm():
-    """A meta-LLM of one's own: the scripted OpenAI-compatible server of the LLM path's test."""
-    from .test_llm_path import ScriptedOpenAI
-
-    ScriptedOpenAI.calls, ScriptedOpenAI.formats = {}, {}
-    with local_server(ScriptedOpenAI) as url:
-        yield url
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from evotrainer.graph.events import EventLog
 
-from .conftest import chat_completion, last_json, local_server, run_cli, send_json
+from .conftest import chat_completion, last_json, run_cli, send_json
 
 DIAGNOSIS = {"generation": 1, "summary": "groups are dead and answers unreadable: too little signal per group",
              "bottlenecks": [{"title": "dead groups", "findings": ["dead_groups:dead_group_ratio"],
@@ -58,19 +58,12 @@ class ScriptedOpenAI(BaseHTTPRequestHandler):
                                         completion_tokens=len(content) // 4))
 
 
-@pytest.fixture
-def server():
-    ScriptedOpenAI.calls, ScriptedOpenAI.formats = {}, {}
-    with local_server(ScriptedOpenAI) as url:
-        yield url
-
-
 @pytest.mark.slow
-def test_one_generation_through_litellm_with_repairs(server, tiny_policy, tmp_path):
+def test_one_generation_through_litellm_with_repairs(scripted_llm, tiny_policy, tmp_path):
     run = tmp_path / "run"
     proc = run_cli("run", str(run), "--checkpoint", str(tiny_policy), "--skills", str(tmp_path / "skills"),
                    "--generations", "2", "--candidates", "1", "--meta-llm", "openai/scripted-meta",
-                   "--api-base", server, "--llm-cost", "1000,2000", "--max-dollars", "0.5",
+                   "--api-base", scripted_llm, "--llm-cost", "1000,2000", "--max-dollars", "0.5",
                    "--train-steps", "2", "--backtest-steps", "2", "--seeds", "1",
                    "--max-seeds", "1", "--dev-items", "50", "--json",
                    env={"OPENAI_API_KEY": ""})  # a server of one's own needs no key
