@@ -26,11 +26,13 @@ import argparse
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
+from evotrainer.base.files import atomic_write_text
 from evotrainer.base.settings import apply_offline_switches
 
 ROOT = Path(__file__).resolve().parent
@@ -95,9 +97,22 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzer: str) -> t
     ref = fires(ref_dir / "evidence", None, None, harness, analyzer, cmp_dir / "work") if ref_dir.is_dir() else None
     if silent is not None and ref is not None:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        kept.write_text(json.dumps({"segment": list(seg), "analyzer_silent_at_end": silent,
-                                    "reference_analyzer_fires": ref}))
+        atomic_write_text(kept, json.dumps({"segment": list(seg), "analyzer_silent_at_end": silent,
+                                            "reference_analyzer_fires": ref}))
     return silent, ref
+
+
+def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzer: str, done: threading.Event) -> None:
+    """While a comparison runs, keep each seed's evidence checks as soon as its EvoTrainer and reference cells are
+    written (their run directories are complete then): a benchmark stopped before its last cell, and resumed on a
+    machine without the run directories, still knows what the evidence said of the seeds it finished."""
+    while True:
+        for s in range(seeds):
+            cells = [cmp_dir / "cells" / f"{arm}-s{s}.json" for arm in ("evotrainer", "reference")]
+            if all(c.is_file() for c in cells) and not (cmp_dir / "repair" / f"s{s}.json").is_file():
+                evidence_checks(cmp_dir, s, harness, analyzer)
+        if done.wait(60):
+            return
 
 
 def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str, jobs: int = 1) -> dict:
@@ -108,9 +123,17 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
     analyzer, transform = defect_of(harness) if name != "clean" else ("-", "-")
     cmp_dir = out / f"{domain}-{name}"
     started = time.time()
-    comparison: Comparison = compare(cmp_dir, domain if name == "clean" else None, seeds, ARMS, budget, None,
-                                     f"python benchmarks/repair.py --domain {domain} --only {name}",
-                                     harness=None if name == "clean" else harness, jobs=jobs)
+    done = threading.Event()
+    watcher = threading.Thread(target=keep_evidence_checks, args=(cmp_dir, seeds, harness, analyzer, done),
+                               daemon=True)
+    watcher.start()
+    try:
+        comparison: Comparison = compare(cmp_dir, domain if name == "clean" else None, seeds, ARMS, budget, None,
+                                         f"python benchmarks/repair.py --domain {domain} --only {name}",
+                                         harness=None if name == "clean" else harness, jobs=jobs)
+    finally:
+        done.set()
+        watcher.join()
     by = {(c.arm, c.seed): c for c in comparison.cells}
     seeds_rows = []
     for s in comparison.seeds:
