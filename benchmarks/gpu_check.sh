@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, checked in one command: GRPO steps of a pretrained model on the math domain, on one GPU without and
-# with TRL's vLLM generation (colocate mode), and the throughput of each.
+# with TRL's vLLM generation (colocate mode), on every GPU as data-parallel ranks where there are several, and the
+# throughput of each.
 #
 #     benchmarks/gpu_check.sh [MODEL] [STEPS] [OUT]
 #
@@ -12,7 +13,9 @@
 # path is exercised everywhere (tests/test_train_cli.py runs that branch).
 #
 # Prints one line per configuration: device, generation backend, steps, training seconds, steps/s and completions/s
-# (steps x the preset's batch / training seconds), and dev accuracy before and after.
+# (steps x the preset's batch x ranks / training seconds), and dev accuracy before and after. With two GPUs or more a
+# third line trains with one rank per GPU (`--processes N`, torchrun as `accelerate launch` runs it; the preset's batch
+# is per rank, so a step sees N times as many completions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${1:-smollm2}
@@ -29,7 +32,7 @@ run() {  # run NAME DEVICE [--vllm]: one training, its summary line
   "$PY" - "$OUT/$name.json" "$name" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
-batch = int((r.get("preset") or {}).get("per_device_train_batch_size") or 0)
+batch = int((r.get("preset") or {}).get("per_device_train_batch_size") or 0) * r.get("processes", 1)
 secs = r["train_seconds"]
 rate = f"{r['steps'] / secs:.3f} steps/s" + (f", {r['steps'] * batch / secs:.1f} completions/s" if batch else "")
 print(f"{sys.argv[2]:<16} {r['steps']} steps in {secs:.1f} s: {rate}; dev {r['dev_before']:.3f} -> {r['dev_after']:.3f}")
@@ -44,6 +47,10 @@ if command -v nvidia-smi >/dev/null && "$PY" -c "import sys, torch; sys.exit(0 i
     run cuda-vllm cuda --vllm
   else
     echo "cuda-vllm        skipped: vLLM is not installed (pip install -e '.[vllm]')"
+  fi
+  GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  if [ "$GPUS" -ge 2 ]; then
+    run "cuda-hf-x$GPUS" cuda --processes "$GPUS"
   fi
 else
   STEPS=$(( STEPS < 2 ? STEPS : 2 ))

@@ -90,6 +90,9 @@ def train(
     device: Annotated[str, typer.Option(help="cpu, or cuda: train on a GPU in bf16")] = "cpu",
     vllm: Annotated[bool, typer.Option("--vllm", help="generate with vLLM in the training process (cuda; the "
                                                       "`vllm` extra)")] = False,
+    processes: Annotated[int, typer.Option(help="data-parallel training ranks under torchrun: one per GPU with "
+                                                "--device cuda, one per core on the CPU; the harness's batch is per "
+                                                "rank")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object, no progress display")] = False,
 ) -> None:
     """Train a policy with GRPO under a harness; sealed dev accuracy before and after."""
@@ -97,13 +100,13 @@ def train(
     from evotrainer.trainer.domains import get_domain
 
     get_domain(domain)  # an unknown domain is refused before --out is created
-    check_device(device, vllm)
+    check_device(device, vllm, processes)
     steps = steps or DEFAULT_STEPS.get(domain, 150)
     eval_k = DEFAULT_EVAL_K.get(domain, 4) if eval_k is None else eval_k
     req = TrainRequest(domain=domain, steps=steps, seed=seed, out=str(writable_dir(out)),
                        harness=str(harness) if harness else None,
                        checkpoint=str(checkpoint) if checkpoint else None, model=model, device=device, vllm=vllm,
-                       eval_k=eval_k, eval_limit=eval_limit)
+                       processes=processes, eval_k=eval_k, eval_limit=eval_limit)
     with progress_display(not as_json) as feed:
         result = run_train(req, feed)
     if as_json:

@@ -15,6 +15,7 @@ Re-running the same command on the same OUT resumes an interrupted run exactly.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
@@ -48,6 +49,7 @@ class TrainRequest(BaseModel):
     model: str | None = None  # a pretrained model (trainer/pretrained.py): a HF directory, a .gguf file, smollm2
     device: str = "cpu"  # cpu or cuda
     vllm: bool = False  # generation by vLLM (cuda only)
+    processes: int = 1  # data-parallel training ranks: GPUs on cuda, cores on cpu
     eval_k: int = 4
     eval_limit: int | None = None
 
@@ -84,10 +86,14 @@ def preset_harness(harness: Path, model_dir: Path, dest: Path) -> tuple[Path, di
     return dest, knobs
 
 
-def check_device(device: str, vllm: bool) -> None:
-    """One clear line when the device or the generation backend asked for is not there."""
+def check_device(device: str, vllm: bool, processes: int = 1) -> None:
+    """One clear line when the device, the ranks or the generation backend asked for are not there."""
     if device not in ("cpu", "cuda"):
         raise UserError(f"--device {device!r}: choose cpu or cuda")
+    cores = len(os.sched_getaffinity(0))
+    if processes < 1 or (device == "cpu" and processes > cores):
+        raise UserError(f"--processes {processes}: choose 1 to {cores} (the cores this machine gives this process) "
+                        "on the CPU, or one per GPU with --device cuda")
     if vllm and device != "cuda":
         raise UserError("--vllm generates on a GPU: add --device cuda")
     if device == "cuda":
@@ -96,6 +102,9 @@ def check_device(device: str, vllm: bool) -> None:
         if not torch.cuda.is_available():
             raise UserError("--device cuda: torch sees no CUDA device (the torch installed here may be the CPU "
                             "build: install a CUDA build of torch on a machine with an NVIDIA GPU)")
+        if processes > torch.cuda.device_count():
+            raise UserError(f"--processes {processes}: torch sees {torch.cuda.device_count()} CUDA device(s), one "
+                            "per rank: ask for at most that many")
     if vllm:
         try:
             import vllm as _  # noqa: F401
@@ -109,10 +118,10 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
     get_domain(req.domain)  # unknown domain: one clear line before anything else
     out = Path(req.out).resolve()
     harness = Path(req.harness).resolve() if req.harness else TEMPLATES / req.domain
-    spec = load_spec(harness)  # YAML and schema only: no harness code runs in this process
+    spec = load_spec(harness, req.processes)  # YAML and schema only: no harness code runs in this process
     if spec.domain != req.domain:
         raise UserError(f"harness {harness} is for domain {spec.domain!r}, not {req.domain!r}")
-    check_device(req.device, req.vllm)
+    check_device(req.device, req.vllm, req.processes)
     if req.checkpoint and req.model:
         raise UserError("--checkpoint and --model both name the starting policy: pass one of them")
     if req.checkpoint and not (Path(req.checkpoint) / "config.json").is_file():
@@ -138,6 +147,7 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
         out_dir=str(out), checkpoint_id=ckpt_id, checkpoints_dir=str(out / "checkpoints"),
         evidence_dir=str(out / "evidence"), run=out.name, harness_commit=harness_commit(harness),
         result_path=str(out / "specs" / "train.result.json"), device=req.device, use_vllm=req.vllm,
+        processes=req.processes,
     )
     # dev_before and training are independent: run them side by side, one core each (DESIGN §12)
     before: dict = {}
@@ -161,7 +171,7 @@ def run_train(req: TrainRequest, feed: Callable[[str], Callable[[dict], None]]) 
     after = jobs.evaluate(ckpt, req.domain, "dev", out, k=req.eval_k, limit=req.eval_limit, seed=req.seed)
     b = before["result"]
     result = {
-        "domain": req.domain, "steps": meta["steps"], "seed": req.seed,
+        "domain": req.domain, "steps": meta["steps"], "seed": req.seed, "processes": req.processes,
         "dev_before": b.accuracy, "dev_after": after.accuracy,
         "dev_before_avg": b.avg_at_k, "dev_after_avg": after.avg_at_k, "eval_k": req.eval_k,
         "dev_items": after.n_items, "dev_before_by_difficulty": b.by_difficulty,

@@ -58,8 +58,8 @@ ROLLOUT_SCHEMA = pa.schema([
            "line (a job that continues a line goes on from its step); with `num_iterations` > 1 the same rollouts "
            "feed the following steps too"),
     _field("prompt_id", pa.string(), "the task's id in the domain's train split"),
-    _field("group_id", pa.string(), "`<step>:<index of the prompt in the step's batch>`: the `num_generations` "
-           "completions of one prompt, whose rewards make each other's advantages"),
+    _field("group_id", pa.string(), "`<step>:<index of the prompt in the step's batch>` (the whole batch, every "
+           "rank's): the `num_generations` completions of one prompt, whose rewards make each other's advantages"),
     _field("sample_idx", pa.int16(), "the completion's index within its group"),
     _field("difficulty", pa.int16(), "the task's level in its domain"),
     _field("prompt", pa.string(), "the prompt text"),

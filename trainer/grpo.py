@@ -11,6 +11,11 @@ Evidence capture is a small GRPOTrainer subclass (DESIGN §11): `_calculate_rewa
 per-function rewards, `_generate_and_score_completions` turns the parent's output (completion ids,
 mask, advantages) plus the dataset columns into rows and adds the mean token log-probability under the
 sampling policy.
+
+With `processes > 1` this module first starts that many ranks of itself under torchrun (`launch_ranks`), inside the
+same sandbox. TRL gives each rank a contiguous slice of a step's batch, so one group's samples may sit on two ranks;
+each rank's rows carry their place in the whole batch (group ids, rewards), rank 0 gathers and writes every row, and
+group filters decide on whole groups (rank 0 runs them and tells the others).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from evotrainer.trainer.evidence import STEP_METRICS, EvidenceWriter
 from evotrainer.trainer.sandbox import progress
@@ -55,7 +60,10 @@ class TrainSpec(BaseModel):
     harness_commit: str = ""
     evidence_tag: str = ""  # set when several runs of one branch share its evidence folder (backtest seeds)
     save_every: int = 25
-    device: str = "cpu"  # cpu or cuda (one GPU; more: accelerate's launcher, benchmarks/gpu_check.sh)
+    device: str = "cpu"  # cpu or cuda
+    # data-parallel ranks (torchrun's, one process each: a GPU each on cuda, a core each on cpu); the harness's batch
+    # is per rank, as in TRL, so a step sees processes x per_device_train_batch_size completions
+    processes: int = Field(1, ge=1)
     use_vllm: bool = False  # TRL's vLLM generation in colocate mode (cuda only; the `vllm` extra)
     result_path: str
     # set by the parent (jobs.train) for the child, never by callers
@@ -120,6 +128,19 @@ def make_trainer_class():
             self._last_rewards = None
             self._awaiting_logps: list[dict] = []  # this generation's rows, until the loss computes their logps
             self._loss_inputs = None
+            self._unwritten: list[dict] = []  # this rank's rows since the last flush (their logps filled in)
+
+        def flush_evidence(self) -> None:
+            """Every rank's rows since the last flush written by rank 0, in batch order (every rank calls this)."""
+            rows, self._unwritten = self._unwritten, []
+            if self.accelerator.num_processes > 1:
+                from accelerate.utils import gather_object
+
+                rows = sorted(gather_object(rows), key=lambda r: (r["step"], int(r["group_id"].split(":")[1]),
+                                                                  r["sample_idx"]))
+            if self.accelerator.is_main_process:
+                self.evidence.add_rollouts(rows)
+                self.evidence.flush(self.state.global_step)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             self._last_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -128,7 +149,7 @@ def make_trainer_class():
 
         def _save_checkpoint(self, model, trial):
             # evidence on disk never runs ahead of a resumable state, nor behind it: flush, then save
-            self.evidence.flush(self.state.global_step)
+            self.flush_evidence()
             return super()._save_checkpoint(model, trial)
 
         def _generate_and_score_completions(self, inputs):
@@ -138,7 +159,7 @@ def make_trainer_class():
                 rows = self._rows(inputs, out)
                 if self.group_filters:
                     self._apply_group_filters(rows, out)
-                self.evidence.add_rollouts(rows)
+                self._unwritten.extend(rows)
                 if out.get("old_per_token_logps") is None:
                     # on-policy: the loss computes exactly these log-probabilities next; take them from there
                     # instead of a second forward pass (which cost ~15% of a step). The index follows TRL's
@@ -149,21 +170,30 @@ def make_trainer_class():
 
         def _apply_group_filters(self, rows: list[dict], out: dict) -> None:
             """Dynamic sampling without refill: groups a filter drops leave the loss (mask zeroed), and the
-            token count that normalises dapo/bnpo-style losses is recounted, so kept groups carry the step."""
+            token count that normalises dapo/bnpo-style losses is recounted over every rank, so kept groups carry
+            the step. The filters see whole groups: with several ranks, rank 0 gathers the batch, runs them once
+            and sends each rank the verdicts."""
+            from accelerate.utils import broadcast_object_list, gather_object
+
             from evotrainer.trainer.harness import keep_groups
 
-            g = self.num_generations
-            groups = [rows[i:i + g] for i in range(0, len(rows), g)]
-            keep = keep_groups(self.group_filters, groups)
-            drop = torch.tensor([k for k in keep for _ in range(g)], device=out["completion_mask"].device) == 0
-            if not drop.any():
-                return
-            out["completion_mask"] = out["completion_mask"] * (~drop).unsqueeze(1).int()
+            g, ranks = self.num_generations, self.accelerator.num_processes
+            everyone = gather_object(rows) if ranks > 1 else rows
+            keep = [None]
+            if self.accelerator.is_main_process:
+                keep = [keep_groups(self.group_filters, [everyone[i:i + g] for i in range(0, len(everyone), g)])]
+            if ranks > 1:
+                broadcast_object_list(keep)
+            offset = self.accelerator.process_index * len(rows)
+            drop = [not keep[0][(offset + i) // g] for i in range(len(rows))]
+            dropped = torch.tensor(drop, device=out["completion_mask"].device)
+            out["completion_mask"] = out["completion_mask"] * (~dropped).unsqueeze(1).int()
             loss_mask = out["completion_mask"] * out["tool_mask"] if out.get("tool_mask") is not None \
                 else out["completion_mask"]
-            out["num_items_in_batch"] = loss_mask.sum().to(out["num_items_in_batch"].dtype)
-            for row, dropped in zip(rows, drop.tolist()):
-                row["loss_masked"] = row["loss_masked"] or dropped
+            out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum().to(
+                out["num_items_in_batch"].dtype)
+            for row, d in zip(rows, drop):
+                row["loss_masked"] = row["loss_masked"] or d
 
         def _compute_loss(self, model, inputs):
             self._loss_inputs = inputs if "evidence_index" in inputs else None
@@ -195,7 +225,8 @@ def make_trainer_class():
                 lp_l = ((logps * real).sum(1) / real.sum(1).clamp(min=1)).tolist()
             else:
                 lp_l = [float("nan")] * ids.size(0)
-            rewards = self._last_rewards
+            rewards = self._last_rewards  # the whole batch's (TRL gathers them): this rank's rows start at `offset`
+            offset = self.accelerator.process_index * len(inputs)
             weights = self.reward_weights.to(rewards.device)
             total = (rewards * weights).nansum(dim=1)
             texts = self._tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -206,23 +237,24 @@ def make_trainer_class():
             step, g, s = self.state.global_step + 1, self.num_generations, self.spec
             rows = []
             for i, x in enumerate(inputs):
-                group = f"{step}:{i // g}"
+                at = offset + i  # place in the step's batch
+                group = f"{step}:{at // g}"
                 tag = f"{s.evidence_tag}/" if s.evidence_tag else ""
                 row = {
-                    "rollout_id": f"{s.run}/g{s.generation}/{s.branch}/{tag}{group}:{i % g}",
+                    "rollout_id": f"{s.run}/g{s.generation}/{s.branch}/{tag}{group}:{at % g}",
                     "run": s.run, "generation": s.generation, "branch": s.branch,
                     "harness_commit": s.harness_commit, "checkpoint": s.checkpoint_id, "step": step,
-                    "prompt_id": x["prompt_id"], "group_id": group, "sample_idx": i % g,
+                    "prompt_id": x["prompt_id"], "group_id": group, "sample_idx": at % g,
                     "difficulty": x.get("difficulty", 0), "prompt": x.get("task_prompt", x["prompt"]),
                     "completion": texts[i], "completion_ids": self._last_ids[i],
                     "task": json.dumps({k: v for k, v in x.items() if k not in ("prompt", "prompt_id", "task_prompt")}),
                     "n_tokens": lengths[i], "truncated": truncated[i],
-                    "reward": total_l[i], "advantage": adv_l[i], "loss_masked": masked[i],
+                    "reward": total_l[at], "advantage": adv_l[i], "loss_masked": masked[i],
                     "correct": None, "formatted": None,  # sealed: filled in by the parent's grader
                     "mean_logprob": lp_l[i],
                 }
                 for j, name in enumerate(self.reward_func_names):
-                    row[f"reward_{name}"] = comp_l[i][j]
+                    row[f"reward_{name}"] = comp_l[at][j]
                 rows.append(row)
             return rows
 
@@ -248,8 +280,9 @@ def make_rollout_func(env_config, args):
     return rollout
 
 
-def train(spec: TrainSpec) -> dict:
-    """Run the GRPO training described by `spec`; resumes from its own last checkpoint if one exists."""
+def train(spec: TrainSpec) -> dict | None:
+    """Run the GRPO training described by `spec`; resumes from its own last checkpoint if one exists. With several
+    ranks every rank runs this, and only rank 0 writes the evidence and the policy and returns the result."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -265,11 +298,12 @@ def train(spec: TrainSpec) -> dict:
 
     torch.set_num_threads(int(os.environ.get("EVOTRAINER_TORCH_THREADS", "1")))
     started = time.time()
+    rank = int(os.environ.get("RANK", "0"))  # torchrun's; 0 in a single process
     out = child_dir(spec)
     # TRL's training curves (train/reward, train/kl, ...) under the child's directory; the parent keeps them under the
     # job's out_dir (jobs.keep_curves), so that `tensorboard --logdir RUN` shows every arm of a run side by side
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(out / "tensorboard")
-    hspec = load_spec(spec.harness_dir)
+    hspec = load_spec(spec.harness_dir, spec.processes)
     reward_funcs = load_reward_functions(spec.harness_dir, hspec)
     model, tokenizer = load_policy(spec.checkpoint)
     model.train()
@@ -282,11 +316,14 @@ def train(spec: TrainSpec) -> dict:
     stop_at = start_step + spec.steps
     if args.max_steps < stop_at:
         raise ValueError(f"the line's horizon ({args.max_steps} steps) ends before this job's last step ({stop_at})")
-    done = sorted(trl_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    if not done and spec.resume_state:  # the line's previous job kept its state: continue from it
-        done = [_continue_from(Path(spec.resume_state), trl_dir / f"checkpoint-{start_step}", spec.fresh_optimizer)]
+    with args.main_process_first(desc="the checkpoint to resume from"):  # rank 0 copies a kept state, then the rest
+        done = sorted(trl_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        if not done and spec.resume_state:  # the line's previous job kept its state: continue from it
+            done = [_continue_from(Path(spec.resume_state), trl_dir / f"checkpoint-{start_step}",
+                                   spec.fresh_optimizer)]
+        if rank == 0:
+            evidence.truncate_after(int(done[-1].name.split("-")[1]) if done else 0)
     resume = str(done[-1]) if done else None
-    evidence.truncate_after(int(done[-1].name.split("-")[1]) if done else 0)
 
     class UpdateSize(TrainerCallback):
         """How far each optimizer step moves the weights relative to their size, ||dw|| / ||w|| (the step evidence's
@@ -309,7 +346,7 @@ def train(spec: TrainSpec) -> dict:
 
     class Capture(TrainerCallback):
         def on_log(self, args_, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
+            if logs and "reward" in logs and state.is_world_process_zero:  # TRL's logs are every rank's already
                 row = {"step": state.global_step, "generation": spec.generation, "branch": spec.branch}
                 if update.ratio is not None:
                     row["update_ratio"] = update.ratio
@@ -330,7 +367,7 @@ def train(spec: TrainSpec) -> dict:
 
                 import numpy as np
 
-                value = 1_000_003 * (spec.reseed + 1) + start_step
+                value = 1_000_003 * (spec.reseed + 1) + start_step + 7919 * rank  # each rank its own samples
                 random.seed(value)
                 np.random.seed(value % 2**32)
                 torch.manual_seed(value)
@@ -354,11 +391,15 @@ def train(spec: TrainSpec) -> dict:
                           spec=spec, group_filters=load_group_filters(spec.harness_dir, hspec),
                           **multi_turn)
     trainer.train(resume_from_checkpoint=resume)
-    evidence.flush(trainer.state.global_step)  # what was logged after the last checkpoint
+    trainer.flush_evidence()  # what was logged after the last checkpoint
 
     final = out / "final"
-    shutil.rmtree(final, ignore_errors=True)
-    trainer.save_model(str(final))
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+    trainer.save_model(str(final))  # every rank takes part, rank 0 writes
+    trainer.accelerator.wait_for_everyone()  # every rank's checkpoint files are written
+    if rank != 0:
+        return None
     tokenizer.save_pretrained(str(final))
     logged = [h for h in trainer.state.log_history if "reward" in h and h.get("step", 0) > start_step]
     step = trainer.state.global_step
@@ -399,10 +440,30 @@ def _continue_from(state: Path, dest: Path, fresh_optimizer: bool) -> Path:
     return dest
 
 
+def launch_ranks(spec: TrainSpec, argv: list[str]) -> int:
+    """This module again in `spec.processes` ranks under torchrun (on one machine: its own rendezvous on a free port
+    of the loopback), inside this process's sandbox, so the ranks die with it. Ranks read torchrun's environment
+    (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT) through accelerate, as under `accelerate launch`: gloo on the CPU,
+    NCCL and a GPU each on cuda. A failed rank stops the others; its traceback is in this child's log."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(["--standalone", "--nproc-per-node", str(spec.processes), "--module",
+                        "evotrainer.trainer.grpo", *argv]))
+    except ChildFailedError as e:
+        print(f"a training rank failed: {e.format_msg()}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
+    if spec.processes > 1 and "LOCAL_RANK" not in os.environ:
+        return launch_ranks(spec, argv)
     result = train(spec)
-    (child_dir(spec) / "result.json").write_text(json.dumps(result))
+    if result is not None:
+        (child_dir(spec) / "result.json").write_text(json.dumps(result))
     return 0
 
 

@@ -83,8 +83,9 @@ class HarnessSpec(BaseModel):
     notes: str = ""
 
 
-def load_spec(harness_dir: str | Path) -> HarnessSpec:
-    """Parse and check `harness.yaml`; every problem is one UserError sentence."""
+def load_spec(harness_dir: str | Path, processes: int = 1) -> HarnessSpec:
+    """Parse and check `harness.yaml`; every problem is one UserError sentence. `processes`: the data-parallel ranks
+    it will train in (the batch is per rank, a step's whole batch must hold whole groups)."""
     path = Path(harness_dir) / "harness.yaml"
     if not path.is_file():
         raise UserError(f"harness {harness_dir} has no harness.yaml: pass a directory laid out as "
@@ -116,8 +117,9 @@ def load_spec(harness_dir: str | Path) -> HarnessSpec:
     if ng < 2:
         raise UserError(f"{path}: trainer.num_generations must be at least 2 (a group of one has no advantage), "
                         f"got {ng}")
-    if bs % ng:
-        raise UserError(f"{path}: trainer.per_device_train_batch_size ({bs}) must be a multiple of "
+    if bs * processes % ng:
+        ranks = f" x {processes} ranks" if processes > 1 else ""
+        raise UserError(f"{path}: trainer.per_device_train_batch_size ({bs}{ranks}) must be a multiple of "
                         f"trainer.num_generations ({ng}): it counts completions, not prompts")
     return spec
 

@@ -50,17 +50,19 @@ def _write_spec(spec, path: Path) -> None:
 
 
 def run_child(module: str, args: list[str], *, cwd: Path, log: Path, limits: Limits, label: str,
-              on_progress: Progress = None, isolation: Isolation | None = None) -> ChildResult:
+              on_progress: Progress = None, isolation: Isolation | None = None, processes: int = 1) -> ChildResult:
     """A child that reports bad input as a `UserError: <sentence>` line (exit 3): that sentence becomes this
     process's UserError; any other failure is a ChildFailed naming the job, the reason and the log. The child
     runs where this process's executor runs jobs (`executor.py`: here, or a Ray worker that starts it the same way;
-    a Ray task's progress does not come back)."""
+    a Ray task's progress does not come back). A child of several `processes` (training ranks) asks for a GPU
+    each where it trains on GPUs, else a CPU each."""
     from evotrainer.trainer import executor
 
     ex = executor.current()
+    gpu = isolation is not None and isolation.gpu
     res = ex.call(JOB_KINDS.get(module, module), run_module, module, args, cwd=cwd, log_path=log, limits=limits,
                   on_progress=on_progress if ex.name == "local" else None, label=label, isolation=isolation,
-                  gpus=1 if isolation is not None and isolation.gpu else 0)
+                  cpus=1 if gpu else processes, gpus=processes if gpu else 0)
     if not res.ok:
         if res.returncode == 3 and "UserError: " in res.log_tail:
             raise UserError(res.log_tail.rsplit("UserError: ", 1)[1].strip())
@@ -180,7 +182,7 @@ def prepare_training(spec: TrainSpec, work_dir: Path) -> TrainingJob:
     from evotrainer.trainer.harness import load_spec
 
     domain = get_domain(spec.domain)
-    knobs = load_spec(spec.harness_dir).trainer  # YAML only: the harness's code runs in the child
+    knobs = load_spec(spec.harness_dir, spec.processes).trainer  # YAML only: the harness's code runs in the child
     if spec.horizon is not None:
         end = (state_step(spec.resume_state) if spec.resume_state else 0) + spec.steps
         if end > spec.horizon:
@@ -214,7 +216,8 @@ def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limi
     log = work_dir / "logs" / f"train-{spec.checkpoint_id}.log"
     run_child("evotrainer.trainer.grpo", [str(job.spec_path)], cwd=Path(spec.harness_dir), log=log,
               limits=limits or Limits(timeout_s=6 * 3600), on_progress=on_progress,
-              label=f"training {spec.checkpoint_id} with harness {spec.harness_dir}", isolation=job.isolation)
+              label=f"training {spec.checkpoint_id} with harness {spec.harness_dir}", isolation=job.isolation,
+              processes=spec.processes)
     try:
         result = json.loads((out / "result.json").read_text())
         steps = int(result["steps"])
@@ -230,9 +233,9 @@ def train(spec: TrainSpec, work_dir: Path, *, on_progress: Progress = None, limi
         "steps": steps, "global_step": int(result.get("global_step", steps)), "horizon": spec.horizon or spec.steps,
         "seed": spec.seed, "reseed": spec.reseed, "generation": spec.generation, "branch": spec.branch,
         "continued": spec.resume_state, "fresh_optimizer": spec.fresh_optimizer,
-        "optimizer": optimizer_knobs(load_spec(spec.harness_dir).trainer), "state": spec.keep_state,
+        "optimizer": optimizer_knobs(load_spec(spec.harness_dir, spec.processes).trainer), "state": spec.keep_state,
         "resumed_from": result.get("resumed_from"), "seconds": result.get("seconds"),
-        "metrics": result.get("metrics", {}), "isolation": isolation_mode(),
+        "metrics": result.get("metrics", {}), "isolation": isolation_mode(), "processes": spec.processes,
     }
     dest = Path(spec.checkpoints_dir) / spec.checkpoint_id
     _install_policy(out / "final", dest, meta, state=out / "state" if spec.keep_state else None)
