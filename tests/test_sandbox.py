@@ -158,7 +158,7 @@ def test_the_lifeline_ends_a_child_whose_parent_is_gone(tmp_path):
 
 def test_a_gpu_job_sees_the_nvidia_devices_and_nothing_else(monkeypatch, tmp_path):
     """Only an isolation that asks for the GPU gets the NVIDIA device files bound into its /dev (a training job on
-    `--device cuda`); every other child's /dev stays bubblewrap's minimal one."""
+    `--device cuda`) and /sys read-only; every other child's /dev stays bubblewrap's minimal one, without /sys."""
     from evotrainer.trainer import sandbox
 
     devices = ["/dev/nvidia0", "/dev/nvidia-uvm", "/dev/nvidiactl"]
@@ -171,3 +171,5 @@ def test_a_gpu_job_sees_the_nvidia_devices_and_nothing_else(monkeypatch, tmp_pat
     plain = sandbox.bwrap_prefix(sandbox.Isolation(write=[str(tmp_path / "o")]), cwd=tmp_path)
     assert binds(gpu) == sorted(devices) and binds(plain) == []
     assert gpu.index("--dev") < gpu.index("--dev-bind")  # bound into the fresh /dev, not replaced by it
+    ro = [cmd[i + 1] for cmd in (gpu,) for i, a in enumerate(cmd) if a == "--ro-bind"]
+    assert "/sys" in ro and "/sys" not in plain  # NCCL's topology, for GPU jobs only

@@ -151,11 +151,13 @@ def bwrap_prefix(iso: Isolation, *, cwd: str | Path, network: bool = False) -> l
     for d in _code_dirs():
         cmd += ["--ro-bind", d, d]
     cmd += ["--dev", "/dev", "--proc", "/proc", "--size", str(iso.tmp_mb * 1024 * 1024), "--tmpfs", "/tmp"]
-    if iso.gpu:  # CUDA opens /dev/nvidia{ctl,-uvm,-uvm-tools,0..N} and reads /proc/driver/nvidia; nothing else is added
+    if iso.gpu:  # CUDA opens /dev/nvidia{ctl,-uvm,-uvm-tools,0..N} and reads /proc/driver/nvidia; NCCL reads /sys
         for dev in sorted(glob.glob("/dev/nvidia*")):
             cmd += ["--dev-bind", dev, dev]
         if os.path.isdir("/proc/driver/nvidia"):
             cmd += ["--ro-bind", "/proc/driver/nvidia", "/proc/driver/nvidia"]
+        # NCCL (ranks on several GPUs, `train --processes`) reads the PCI topology under /sys; read-only, no data there
+        cmd += ["--ro-bind", "/sys", "/sys"]
     for p in iso.read:
         cmd += ["--ro-bind", str(Path(p).resolve()), str(Path(p).resolve())]
     for p in iso.write:
