@@ -117,6 +117,8 @@ CASES = [
     # training and evaluation
     (["train", "--steps", "0"], 2, "--steps"),
     (["train", "--domain", "chess", "--out", "{w}/new"], 2, "chess"),
+    (["train", "--processes", "999", "--out", "{w}/new"], 2, "--processes 999: choose 1 to"),
+    (["train", "--processes", "0", "--out", "{w}/new"], 2, "--processes 0: choose 1 to"),
     (["eval", "--split", "bogus"], 2, "unknown split 'bogus'"),
     (["eval", "--split", "dev"], 2, "exactly one of --checkpoint"),
     # compare

@@ -99,9 +99,7 @@ def test_gpu_check_runs_its_cpu_branch_here(tiny_policy, tmp_path):
 def test_a_gpu_is_asked_for_where_there_is_none(tmp_path):
     for args, message in ((["--device", "cuda"], "torch sees no CUDA device"),
                           (["--vllm"], "--vllm generates on a GPU: add --device cuda"),
-                          (["--device", "tpu"], "--device 'tpu': choose cpu or cuda"),
-                          (["--processes", "999"], "--processes 999: choose 1 to"),
-                          (["--processes", "2", "--device", "cuda"], "torch sees no CUDA device")):
+                          (["--device", "tpu"], "--device 'tpu': choose cpu or cuda")):
         proc = run_cli("train", "--out", str(tmp_path / "o"), *args)
         assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
         assert not (tmp_path / "o").exists()
