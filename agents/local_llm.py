@@ -81,7 +81,7 @@ class Generator:
     """The model, its tokenizer and the grammar compiler; `complete` answers one chat request."""
 
     def __init__(self, model: str = DEFAULT_MODEL, threads: int = 1, max_string: int = MAX_STRING,
-                 max_items: int = MAX_ITEMS):
+                 max_items: int = MAX_ITEMS, context: int | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -101,6 +101,8 @@ class Generator:
         if self.tokenizer.chat_template is None:
             raise UserError(f"local meta-LLM {model}: the tokenizer has no chat template; use an instruct model")
         self.context = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        if context:  # a cap below the model's own: longer prompts are cut in their middle (prefill time on a CPU)
+            self.context = min(self.context, context)
         info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.model.config.vocab_size)
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=1)
         self.max_string, self.max_items = max_string, max_items
@@ -227,11 +229,11 @@ def _handler(gen: Generator, seen: list[float]):
 
 
 def serve(model: str, ready: Path | None, host: str = "127.0.0.1", port: int = 0, threads: int = 1,
-          idle_exit_s: float = IDLE_EXIT_S) -> None:
+          idle_exit_s: float = IDLE_EXIT_S, context: int | None = None) -> None:
     """Load the model, listen, write `ready` ({port, pid, model}) once answering, and exit after `idle_exit_s`
     without a request."""
     apply_offline_switches()
-    gen = Generator(model, threads=threads)
+    gen = Generator(model, threads=threads, context=context)
     seen = [time.time()]
     server = ThreadingHTTPServer((host, port), _handler(gen, seen))
     server.daemon_threads = True
@@ -296,8 +298,9 @@ def _running(model: str) -> dict | None:
 
 
 def ensure_server(model: str = DEFAULT_MODEL, threads: int | None = None,
-                  idle_exit_s: float = IDLE_EXIT_S) -> tuple[str, str]:
-    """(LiteLLM model string, api_base) of a live local server for `model`, started when none answers."""
+                  idle_exit_s: float = IDLE_EXIT_S, context: int | None = None) -> tuple[str, str]:
+    """(LiteLLM model string, api_base) of a live local server for `model`, started when none answers (`context`:
+    the cap on its context a new server gets; a running one is reused as it is)."""
     from filelock import FileLock
 
     state_dir().mkdir(parents=True, exist_ok=True)
@@ -311,7 +314,8 @@ def ensure_server(model: str = DEFAULT_MODEL, threads: int | None = None,
             with open(log, "a") as out:
                 proc = subprocess.Popen([sys.executable, "-m", "evotrainer.agents.local_llm", "--model", model,
                                          "--ready", str(path), "--threads", str(threads),
-                                         "--idle-exit", str(idle_exit_s)],
+                                         "--idle-exit", str(idle_exit_s),
+                                         *(["--context", str(context)] if context else [])],
                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         start_new_session=True, env={**os.environ, **OFFLINE_ENV})
             deadline = time.time() + START_TIMEOUT_S
@@ -349,8 +353,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--idle-exit", type=float, default=IDLE_EXIT_S, help="seconds without a request before exiting")
     ap.add_argument("--ready", type=Path, default=None, help="file to write {api_base, pid, model} to once serving")
+    ap.add_argument("--context", type=int, default=None,
+                    help="cap the model's context at N tokens: longer prompts are cut in their middle, which bounds "
+                         "the prefill time of each call on a CPU (default: the model's own context)")
     a = ap.parse_args(argv)
-    serve(a.model, a.ready, port=a.port, threads=a.threads, idle_exit_s=a.idle_exit)
+    serve(a.model, a.ready, port=a.port, threads=a.threads, idle_exit_s=a.idle_exit, context=a.context)
 
 
 if __name__ == "__main__":
