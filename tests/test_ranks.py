@@ -78,3 +78,20 @@ def test_two_ranks_write_the_whole_batch_once_and_filter_whole_groups(tiny_polic
 
     steps = read_steps(res["evidence"]).to_pandas()
     assert steps.step.tolist() == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_a_failing_rank_stops_the_others_and_its_error_is_the_message(tiny_policy, tmp_path):
+    """Rank 0 fails in a group filter while rank 1 waits for its verdict: torchrun stops rank 1 (nothing hangs), and
+    the failure's own exception line, not torchrun's summary table, is what the user reads."""
+    harness = tmp_path / "harness"
+    shutil.copytree(TEMPLATES / "math", harness)
+    text = set_knob((harness / "harness.yaml").read_text(), "per_device_train_batch_size", PER_RANK)
+    (harness / "harness.yaml").write_text(text.replace("group_filters: []", "group_filters: [refuse]"))
+    with open(harness / "filters.py", "a") as f:
+        f.write("\n\ndef refuse(group):\n    raise ValueError('planted filter failure')\n")
+    proc = run_cli("train", "--domain", "math", "--steps", "2", "--processes", "2", "--harness", str(harness),
+                   "--checkpoint", str(tiny_policy), "--out", str(tmp_path / "run"), "--eval-limit", "10",
+                   "--eval-k", "0", "--json")
+    assert proc.returncode != 0
+    assert "ValueError: planted filter failure" in proc.stderr.strip().splitlines()[-1], proc.stderr[-2000:]

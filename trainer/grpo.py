@@ -90,6 +90,7 @@ def grpo_config(spec: TrainSpec, trainer_knobs: dict, reward_weights: list[float
         output_dir=str(child_dir(spec) / "trl"), max_steps=spec.horizon or spec.steps, seed=spec.seed,
         data_seed=spec.seed, **vllm,
         use_cpu=not gpu, bf16=gpu, activation_checkpointing=False, report_to=["tensorboard"], logging_steps=1,
+        **({"ddp_backend": "nccl" if gpu else "gloo"} if spec.processes > 1 else {}),  # never MPI, even where built
         save_strategy="steps", save_steps=spec.save_every, save_total_limit=1, disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False, reward_weights=reward_weights, **knobs,
     )
@@ -128,16 +129,19 @@ def make_trainer_class():
             self._last_rewards = None
             self._awaiting_logps: list[dict] = []  # this generation's rows, until the loss computes their logps
             self._loss_inputs = None
-            self._unwritten: list[dict] = []  # this rank's rows since the last flush (their logps filled in)
+            self._unwritten: list[list[dict]] = []  # this rank's rows since the last flush, one list a generation
 
         def flush_evidence(self) -> None:
-            """Every rank's rows since the last flush written by rank 0, in batch order (every rank calls this)."""
-            rows, self._unwritten = self._unwritten, []
-            if self.accelerator.num_processes > 1:
+            """Every rank's rows since the last flush written by rank 0, in batch order (every rank calls this):
+            generation by generation, and within one the ranks' slices in rank order, which is the batch's."""
+            pending, self._unwritten = self._unwritten, []
+            ranks = self.accelerator.num_processes
+            if ranks > 1:
                 from accelerate.utils import gather_object
 
-                rows = sorted(gather_object(rows), key=lambda r: (r["step"], int(r["group_id"].split(":")[1]),
-                                                                  r["sample_idx"]))
+                parts = gather_object(pending)  # rank 0's generations, then rank 1's, ...: as many on every rank
+                pending = [[r for k in range(ranks) for r in parts[k * len(pending) + g]] for g in range(len(pending))]
+            rows = [r for generation in pending for r in generation]
             if self.accelerator.is_main_process:
                 self.evidence.add_rollouts(rows)
                 self.evidence.flush(self.state.global_step)
@@ -159,7 +163,7 @@ def make_trainer_class():
                 rows = self._rows(inputs, out)
                 if self.group_filters:
                     self._apply_group_filters(rows, out)
-                self._unwritten.extend(rows)
+                self._unwritten.append(rows)
                 if out.get("old_per_token_logps") is None:
                     # on-policy: the loss computes exactly these log-probabilities next; take them from there
                     # instead of a second forward pass (which cost ~15% of a step). The index follows TRL's
@@ -445,22 +449,48 @@ def launch_ranks(spec: TrainSpec, argv: list[str]) -> int:
     of the loopback), inside this process's sandbox, so the ranks die with it. Ranks read torchrun's environment
     (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT) through accelerate, as under `accelerate launch`: gloo on the CPU,
     NCCL and a GPU each on cuda. A failed rank stops the others; its traceback is in this child's log."""
+    import signal
+
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    try:
-        run(parse_args(["--standalone", "--nproc-per-node", str(spec.processes), "--module",
-                        "evotrainer.trainer.grpo", *argv]))
+    try:  # the store and the ranks on the loopback: the sandbox's network namespace has nothing else
+        run(parse_args(["--standalone", "--local-addr", "127.0.0.1", "--nproc-per-node", str(spec.processes),
+                        "--module", "evotrainer.trainer.grpo", *argv]))
     except ChildFailedError as e:
-        print(f"a training rank failed: {e.format_msg()}", file=sys.stderr)
-        return 1
+        rank, failure = e.get_first_failure()
+        message = failure.message.get("message", "") if isinstance(failure.message, dict) else failure.message
+        print(e.format_msg(), file=sys.stderr)
+        # last, the root cause alone (the parent's one-line message reads the log's last exception line)
+        print(f"training rank {rank} failed first:\n{str(message).strip().splitlines()[-1] if message else ''}",
+              file=sys.stderr, flush=True)
+        if failure.exitcode < 0:  # killed by a signal (the memory limit, a crash): end the same way, so says the parent
+            signal.signal(-failure.exitcode, signal.SIG_DFL)
+            os.kill(os.getpid(), -failure.exitcode)
+        return failure.exitcode or 1
     return 0
+
+
+def _rank_main(argv: list[str]) -> int:
+    """One rank under torchrun: dies with the launcher even without a sandbox around them (torchrun starts each rank
+    in its own session), and records its exception where torchrun reads a failed rank's root cause."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    from evotrainer.trainer.sandbox import _die_with_parent
+
+    _die_with_parent(os.getppid())
+    return record(_one_process)(argv)
 
 
 def main(argv: list[str]) -> int:
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
-    if spec.processes > 1 and "LOCAL_RANK" not in os.environ:
-        return launch_ranks(spec, argv)
+    if spec.processes > 1:
+        return _rank_main(argv) if "LOCAL_RANK" in os.environ else launch_ranks(spec, argv)
+    return _one_process(argv)
+
+
+def _one_process(argv: list[str]) -> int:
+    spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
     result = train(spec)
     if result is not None:
         (child_dir(spec) / "result.json").write_text(json.dumps(result))

@@ -77,7 +77,7 @@ ISOLATED_ENV = "EVOTRAINER_ISOLATED"  # set in every isolated child
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc")
 # The only variables an isolated child inherits (secrets are removed from these too); HOME is its own /tmp.
 CHILD_ENV = re.compile(r"^(LANG|LC_[A-Z]+|TZ|PYTHONHASHSEED|OMP_NUM_THREADS|MKL_NUM_THREADS|OPENBLAS_[A-Z0-9_]+|"
-                       r"CUDA_VISIBLE_DEVICES|EVOTRAINER_[A-Z0-9_]+)$")
+                       r"CUDA_VISIBLE_DEVICES|NCCL_[A-Z0-9_]+|EVOTRAINER_[A-Z0-9_]+)$")
 
 
 class IsolationError(UserError):
