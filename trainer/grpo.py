@@ -471,7 +471,7 @@ def launch_ranks(spec: TrainSpec, argv: list[str]) -> int:
     return 0
 
 
-def _rank_main(argv: list[str]) -> int:
+def _rank_main(spec: TrainSpec) -> int:
     """One rank under torchrun: dies with the launcher even without a sandbox around them (torchrun starts each rank
     in its own session), and records its exception where torchrun reads a failed rank's root cause."""
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -479,18 +479,17 @@ def _rank_main(argv: list[str]) -> int:
     from evotrainer.trainer.sandbox import _die_with_parent
 
     _die_with_parent(os.getppid())
-    return record(_one_process)(argv)
+    return record(_one_process)(spec)
 
 
 def main(argv: list[str]) -> int:
     spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
     if spec.processes > 1:
-        return _rank_main(argv) if "LOCAL_RANK" in os.environ else launch_ranks(spec, argv)
-    return _one_process(argv)
+        return _rank_main(spec) if "LOCAL_RANK" in os.environ else launch_ranks(spec, argv)
+    return _one_process(spec)
 
 
-def _one_process(argv: list[str]) -> int:
-    spec = TrainSpec.model_validate_json(Path(argv[0]).read_text())
+def _one_process(spec: TrainSpec) -> int:
     result = train(spec)
     if result is not None:
         (child_dir(spec) / "result.json").write_text(json.dumps(result))
