@@ -2,7 +2,7 @@
 store, and the same runs each with an empty store; then `evotrainer analyze` over all of them.
 
     python benchmarks/transfer.py [--out ~/evotrainer-transfer] [--generations 3] [--candidates 2] [--seed 0]
-                                  [--domains math,code,swe] [--smoke]
+                                  [--domains math,code,swe] [--part all|shared|empty] [--smoke]
 
 - `OUT/shared/<domain>`: the domains in order, every run with `--skills OUT/shared/skills`, so each later run
   retrieves what the earlier ones stored (and adds its own);
@@ -14,6 +14,8 @@ skips a finished one. At the end, `OUT/analysis/` holds `evotrainer analyze` ove
 cross-domain column: lessons retrieved across domains, what the candidate did), and `OUT/transfer.md` adds what
 analyze cannot see from one run: the skills of the shared store that became general (positive in two or more
 domains), and per domain the candidates tried before the first promotion with the shared store and with an empty one.
+`--part shared` / `--part empty` runs one half only, so the two halves can run at once in two processes (one training
+each); the analysis is written by the call that finds every run finished (rerun `--part all` to write it).
 `--smoke` shrinks every run (1 generation, 1 candidate, 2-step segments, 100 dev items) to check the pipeline.
 """
 
@@ -36,10 +38,15 @@ def cli(*args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def finished(path: Path) -> bool:
+    summary = path / "reports" / "summary.json"
+    return summary.is_file() and bool(json.loads(summary.read_text()).get("finished"))
+
+
 def run(path: Path, domain: str, skills: Path, args: argparse.Namespace) -> dict:
     """One loop run, started, resumed or read back when finished."""
     summary = path / "reports" / "summary.json"
-    if summary.is_file() and json.loads(summary.read_text()).get("finished"):
+    if finished(path):
         return json.loads(summary.read_text())
     if (path / "run.yaml").is_file():
         return cli("resume", str(path), "--json")
@@ -55,6 +62,8 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--domains", default="math,code,swe")
+    ap.add_argument("--part", choices=["all", "shared", "empty"], default="all",
+                    help="run one half only (the other may run at once in a second process)")
     ap.add_argument("--smoke", action="store_true", help="tiny runs: check the pipeline, measure nothing")
     args = ap.parse_args()
     if args.smoke:
@@ -64,13 +73,18 @@ def main() -> None:
     runs: dict[tuple[str, str], Path] = {}
     for domain in domains:  # shared: in order, one store
         runs[("shared", domain)] = out / "shared" / domain
-        print(f"shared store: {domain}", flush=True)
-        run(runs[("shared", domain)], domain, out / "shared" / "skills", args)
+        if args.part != "empty":
+            print(f"shared store: {domain}", flush=True)
+            run(runs[("shared", domain)], domain, out / "shared" / "skills", args)
     runs[("empty", domains[0])] = runs[("shared", domains[0])]  # the same inputs: an empty store, the same seed
     for domain in domains[1:]:  # empty: each its own store
         runs[("empty", domain)] = out / "empty" / domain
-        print(f"empty store: {domain}", flush=True)
-        run(runs[("empty", domain)], domain, out / "empty" / f"skills-{domain}", args)
+        if args.part != "shared":
+            print(f"empty store: {domain}", flush=True)
+            run(runs[("empty", domain)], domain, out / "empty" / f"skills-{domain}", args)
+    if not all(finished(path) for path in runs.values()):
+        print(f"{args.part}: done; the other half is still running, the analysis waits for it", flush=True)
+        return
 
     every = [str(p) for p in dict.fromkeys(runs.values())]  # the first domain's run once
     proc = subprocess.run([sys.executable, "-m", "evotrainer.cli", "analyze", *every, "--out", str(out / "analysis")],
