@@ -106,3 +106,28 @@ def test_run_lock_refuses_a_second_driver_at_once(tmp_path):
             raise RuntimeError("boom")
     with RunWorkspace(ws.path).lock():  # released after an error too
         pass
+
+
+@pytest.mark.slow
+def test_two_processes_missing_one_warm_policy_build_it_once(tmp_path, monkeypatch):
+    """Two callers missing the same warm policy at once (`compare --jobs 2`): one warm-up child runs, the other caller
+    waits for it and reads its result; a killed warm-up's half-written copy is cleared."""
+    from evotrainer.trainer import jobs
+    from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root
+    from tests.conftest import TINY_MODEL, TINY_WARMUP
+
+    monkeypatch.setenv("EVOTRAINER_CACHE", str(tmp_path / "cache"))
+    model, warm = ModelConfig(**TINY_MODEL), WarmupConfig(**{**TINY_WARMUP, "max_steps": 4, "eval_every": 4,
+                                                             "eval_items": 8})
+    stale = cache_root() / f"{cache_key('math', 3, model, warm)}.tmp99999"
+    stale.mkdir(parents=True)
+    paths: dict[int, Path] = {}
+    threads = [threading.Thread(target=lambda i=i: paths.update({i: jobs.warm_policy(
+        "math", 3, tmp_path / f"work{i}", model_cfg=model, warm_cfg=warm)})) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    built = [i for i in range(2) if (tmp_path / f"work{i}" / "logs" / "warmup.log").is_file()]
+    assert len(built) == 1  # one child warmed up; without the lock both do
+    assert paths[0] == paths[1] and (paths[0] / "meta.json").is_file() and not stale.exists()

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple, TypeVar
 
+from filelock import FileLock
 from pydantic import BaseModel
 
 from evotrainer.base.errors import UserError
@@ -107,14 +108,24 @@ def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfi
     hit = cached_policy(domain, seed, model_cfg, warm_cfg)
     if hit:
         return hit
-    spec_path = work_dir / "specs" / f"warmup-{cache_key(domain, seed, model_cfg, warm_cfg)}.json"
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg),
-                                     "warmup": asdict(warm_cfg)}))
-    log = work_dir / "logs" / "warmup.log"
-    run_child("evotrainer.trainer.policy", [str(spec_path)], cwd=work_dir, log=log, limits=Limits(timeout_s=3 * 3600),
-              on_progress=on_progress, label=f"warm-up of the {domain} policy")
-    hit = cached_policy(domain, seed, model_cfg, warm_cfg)
+    key = cache_key(domain, seed, model_cfg, warm_cfg)
+    cache_root().mkdir(parents=True, exist_ok=True)
+    # two processes missing the same policy at once (`compare --jobs 2`, two benchmark processes): one builds it, the
+    # other waits for it and reads it, instead of both warming up on the same cores (each 2-3x slower)
+    with FileLock(str(cache_root() / f"{key}.lock")):
+        hit = cached_policy(domain, seed, model_cfg, warm_cfg)
+        if hit:
+            return hit
+        for stale in cache_root().glob(f"{key}.tmp*"):  # a killed warm-up's half-written copy: nobody else builds it
+            shutil.rmtree(stale, ignore_errors=True)
+        spec_path = work_dir / "specs" / f"warmup-{key}.json"
+        spec_path.parent.mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg),
+                                         "warmup": asdict(warm_cfg)}))
+        log = work_dir / "logs" / "warmup.log"
+        run_child("evotrainer.trainer.policy", [str(spec_path)], cwd=work_dir, log=log,
+                  limits=Limits(timeout_s=3 * 3600), on_progress=on_progress, label=f"warm-up of the {domain} policy")
+        hit = cached_policy(domain, seed, model_cfg, warm_cfg)
     if not hit:
         raise UserError(f"warm-up finished but wrote no policy under {cache_root()}: check its log {log}")
     return hit
