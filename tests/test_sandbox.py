@@ -44,6 +44,30 @@ def test_timeout_kills_a_silent_hang(tmp_path):
         os.kill(pid, 0)
 
 
+def test_the_log_shows_each_line_while_the_child_runs(tmp_path):
+    """A long child (a 30-minute warm-up) is followed with `tail -f` on its log: a line is there when printed, not
+    when 8 KB have piled up or the child ends."""
+    import threading
+    import time
+
+    go = tmp_path / "go"
+    mod = _module(tmp_path, "slow", "import pathlib, time\nprint('step 100', flush=True)\n"
+                                    f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n")
+    done = []
+    thread = threading.Thread(target=lambda: done.append(run_module(
+        mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=60))))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "step 100" not in ((tmp_path / "log").read_text() if (tmp_path / "log").exists() else ""):
+            assert time.monotonic() < deadline and not done, "the line reached the log only when the child ended"
+            time.sleep(0.05)
+    finally:
+        go.touch()
+        thread.join()
+    assert done[0].ok
+
+
 def test_memory_limit(tmp_path):
     mod = _module(tmp_path, "hog", "x = bytearray(8 * 1024**3)\n")
     res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(timeout_s=60, memory_mb=1024))

@@ -331,7 +331,7 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
     prefix = _isolation_prefix(limits, isolation, cwd)
     cgroup = _pids_cgroup(limits.max_tasks) if prefix[:1] == ["bwrap"] else None
     started, cpu = time.time(), None
-    with open(log_path, "a", errors="replace") as log:
+    with open(log_path, "a", buffering=1, errors="replace") as log:  # line by line: `tail -f` follows a long child
         # stderr joins stdout: the parent writes the log, so a flood is capped at limits.log_mb
         # bubblewrap itself gets only the child's few variables: /proc/1/environ inside is bwrap's
         # the lifeline (launch.py): the child holds the read end, only this process the write end
