@@ -1,6 +1,6 @@
-"""The three file locks on real files (filelock): the skill store's write lock and the harness repository's lock wait
+"""The file locks on real files (filelock): the skill store's write lock and the harness repository's lock wait
 for a holder in another thread of the same process and in another process; a run's lock refuses a second driver at
-once, thread or process, naming the holder's pid."""
+once, thread or process, naming the holder's pid; a warm policy being built is waited for, not built twice."""
 
 from __future__ import annotations
 
@@ -108,26 +108,31 @@ def test_run_lock_refuses_a_second_driver_at_once(tmp_path):
         pass
 
 
-@pytest.mark.slow
-def test_two_processes_missing_one_warm_policy_build_it_once(tmp_path, monkeypatch):
-    """Two callers missing the same warm policy at once (`compare --jobs 2`): one warm-up child runs, the other caller
-    waits for it and reads its result; a killed warm-up's half-written copy is cleared."""
+
+def test_a_warm_policy_another_process_is_building_is_waited_for_not_built_again(tmp_path, monkeypatch):
+    """Two processes missing the same warm policy at once (`compare --jobs 2`): the second waits on the cache's lock
+    for the key, then reads what the first built, and starts no warm-up of its own; a killed warm-up's half-written
+    copy is cleared once the lock is held."""
+    from filelock import FileLock
+
     from evotrainer.trainer import jobs
     from evotrainer.trainer.policy import ModelConfig, WarmupConfig, cache_key, cache_root
     from tests.conftest import TINY_MODEL, TINY_WARMUP
 
     monkeypatch.setenv("EVOTRAINER_CACHE", str(tmp_path / "cache"))
-    model, warm = ModelConfig(**TINY_MODEL), WarmupConfig(**{**TINY_WARMUP, "max_steps": 4, "eval_every": 4,
-                                                             "eval_items": 8})
-    stale = cache_root() / f"{cache_key('math', 3, model, warm)}.tmp99999"
+    model, warm = ModelConfig(**TINY_MODEL), WarmupConfig(**TINY_WARMUP)
+    key = cache_key("math", 3, model, warm)
+    stale = cache_root() / f"{key}.tmp99999"
     stale.mkdir(parents=True)
-    paths: dict[int, Path] = {}
-    threads = [threading.Thread(target=lambda i=i: paths.update({i: jobs.warm_policy(
-        "math", 3, tmp_path / f"work{i}", model_cfg=model, warm_cfg=warm)})) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    built = [i for i in range(2) if (tmp_path / f"work{i}" / "logs" / "warmup.log").is_file()]
-    assert len(built) == 1  # one child warmed up; without the lock both do
-    assert paths[0] == paths[1] and (paths[0] / "meta.json").is_file() and not stale.exists()
+    got: list[Path] = []
+    waiter = threading.Thread(target=lambda: got.append(jobs.warm_policy("math", 3, tmp_path / "work", model_cfg=model,
+                                                                        warm_cfg=warm)))
+    with FileLock(str(cache_root() / f"{key}.lock")):  # the first process, building
+        waiter.start()
+        time.sleep(1.0)
+        assert not got and stale.exists()  # waiting, not building
+        (cache_root() / key).mkdir()
+        (cache_root() / key / "meta.json").write_text("{}")  # what the first process's warm-up wrote
+    waiter.join(60)
+    assert got == [cache_root() / key] and not stale.exists()
+    assert not (tmp_path / "work").exists()  # no spec, no log: no warm-up child of its own

@@ -113,11 +113,11 @@ def warm_policy(domain: str, seed: int, work_dir: Path, *, model_cfg: ModelConfi
     # two processes missing the same policy at once (`compare --jobs 2`, two benchmark processes): one builds it, the
     # other waits for it and reads it, instead of both warming up on the same cores (each 2-3x slower)
     with FileLock(str(cache_root() / f"{key}.lock")):
+        for stale in cache_root().glob(f"{key}.tmp*"):  # a killed warm-up's half-written copy: nobody else builds it
+            shutil.rmtree(stale, ignore_errors=True)
         hit = cached_policy(domain, seed, model_cfg, warm_cfg)
         if hit:
             return hit
-        for stale in cache_root().glob(f"{key}.tmp*"):  # a killed warm-up's half-written copy: nobody else builds it
-            shutil.rmtree(stale, ignore_errors=True)
         spec_path = work_dir / "specs" / f"warmup-{key}.json"
         spec_path.parent.mkdir(parents=True, exist_ok=True)
         spec_path.write_text(json.dumps({"domain": domain, "seed": seed, "model": asdict(model_cfg),
