@@ -43,6 +43,8 @@ padding:.2em 0 .2em .8em;margin-left:-.2em}summary{cursor:pointer}
 .open{background:#c89a00}.add{color:#1a7a2a;background:#eefbee}.del{color:#a01a1a;background:#fdeeee}
 .hunk{color:#6a3ab0}.sev-info{background:#dbe8f7}.sev-warning{background:#f7dca0}.sev-critical{background:#f0a0a0}
 .sev-none{background:#fff}.cell{text-align:center;min-width:5em}
+.tk{color:#7a2aa0;font-weight:600}.ts{color:#a05a00}.tc{color:#6a737d;font-style:italic}.tn{color:#005cc5}
+.tb{color:#005cc5}
 """
 
 
@@ -176,15 +178,51 @@ def _missing(text: str) -> str:
     return f'<p class="missing">{escape(text)}</p>'
 
 
+# the tokens coloured in a diff's lines, by the file's kind (a harness holds Python and YAML); strings come first, so
+# that a `#` inside one is not a comment
+_KEYWORDS = (r"\b(?:False|None|True|and|as|assert|async|await|break|class|continue|def|del|elif|else|except|finally|"
+             r"for|from|global|if|import|in|is|lambda|nonlocal|not|or|pass|raise|return|try|while|with|yield)\b")
+_STRING = r"""'(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?"""
+_NUMBER = r"\b\d+(?:\.\d+)?(?:[eE][+-]?\d+)?\b"
+_TOKENS = {
+    "py": re.compile(rf"(?P<s>{_STRING})|(?P<c>#.*)|(?P<k>{_KEYWORDS})|(?P<n>{_NUMBER})"),
+    "yaml": re.compile(rf"(?P<s>{_STRING})|(?P<c>(?<![^\s])#.*)|(?P<k>^[\w.-]+(?=:))|(?P<n>{_NUMBER})"
+                       r"|(?P<b>\b(?:true|false|null)\b)"),
+}
+
+
+def _highlight(code: str, kind: str | None) -> str:
+    """One line of a harness file, escaped, its strings, comments, keywords (YAML: keys) and numbers in spans."""
+    pattern = _TOKENS.get(kind or "")
+    if pattern is None:
+        return escape(code)
+    indent = len(re.match(r"(?:\s|- )*" if kind == "yaml" else r"\s*", code).group())  # a YAML list's dash too
+    out, at, code = [escape(code[:indent])], 0, code[indent:]
+    for m in pattern.finditer(code):
+        out.append(escape(code[at:m.start()]))
+        out.append(f'<span class="t{m.lastgroup}">{escape(m.group())}</span>')
+        at = m.end()
+    return "".join(out) + escape(code[at:])
+
+
 def diff_html(diff: str) -> str:
-    """A unified diff, escaped, its added and removed lines coloured."""
+    """A unified diff, escaped, its added and removed lines coloured and the code in them highlighted."""
     if not diff.strip():
         return _missing("no changes against its parent")
-    out = []
+    out, kind = [], None
     for line in diff.splitlines():
-        cls = "hunk" if line.startswith("@@") else "" if line.startswith(("+++", "---")) else \
-            "add" if line.startswith("+") else "del" if line.startswith("-") else ""
-        out.append(f'<span class="{cls}">{escape(line)}</span>' if cls else escape(line))
+        if line.startswith(("+++", "---")):
+            name = line[4:].strip()
+            kind = "py" if name.endswith(".py") else "yaml" if name.endswith((".yaml", ".yml")) else None
+            out.append(escape(line))
+        elif line.startswith("@@"):
+            out.append(f'<span class="hunk">{escape(line)}</span>')
+        elif line.startswith(("+", "-", " ")):
+            cls = {"+": "add", "-": "del", " ": ""}[line[0]]
+            body = escape(line[0]) + _highlight(line[1:], kind)
+            out.append(f'<span class="{cls}">{body}</span>' if cls else body)
+        else:
+            out.append(escape(line))
     return '<pre class="diff">' + "\n".join(out) + "</pre>"
 
 

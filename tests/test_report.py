@@ -43,7 +43,8 @@ def test_report_of_a_run_with_nothing_trained(tmp_path):
                     "no health report yet", "no skill distilled yet", "no reports/summary.json"):
         assert missing in page, missing
     # the diff against the parent, coloured, and nothing of the hostile text left unescaped
-    assert '<span class="del">-    weight: 0.1' in page and '<span class="add">+    weight: 0.3' in page
+    assert '<span class="del">-    <span class="tk">weight</span>: <span class="tn">0.1</span>' in page
+    assert '<span class="add">+    <span class="tk">weight</span>: <span class="tn">0.3</span>' in page
     assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "failed gate unsealed_reward &lt;b&gt;" in page
     assert not re.search(r"https?://|\bsrc=|\bhref=", page)
@@ -61,6 +62,23 @@ def test_report_of_a_run_with_nothing_trained(tmp_path):
             break
         time.sleep(0.1)
     assert opened.read_text() == path.resolve().as_uri()
+
+
+def test_a_diff_is_highlighted_as_its_files_language_and_stays_escaped():
+    from evotrainer.report import diff_html
+
+    page = diff_html("--- a/rewards.py\n+++ b/rewards.py\n@@ -1 +1 @@\n"
+                     "-    return [1.0 if c == '4#2' else 0 for c in xs]  # <b>old</b>\n"
+                     "+    return [0.5 if c == \"</span><script>\" else None for c in xs]\n"
+                     "--- a/harness.yaml\n+++ b/harness.yaml\n@@ -1 +1 @@\n+  - name: drop  # if true\n")
+    # a `#` inside a string is no comment
+    assert ('<span class="del">-    <span class="tk">return</span> [<span class="tn">1.0</span> '
+            '<span class="tk">if</span> c == <span class="ts">&#x27;4#2&#x27;</span>') in page
+    assert '<span class="tc"># &lt;b&gt;old&lt;/b&gt;</span></span>' in page
+    assert '<span class="ts">&quot;&lt;/span&gt;&lt;script&gt;&quot;</span>' in page and "<script" not in page
+    assert '<span class="tk">None</span>' in page and '<span class="hunk">@@ -1 +1 @@</span>' in page
+    # YAML: keys, not Python's keywords ("if" in a comment, "true" inside it stays the comment's)
+    assert '+  - <span class="tk">name</span>: drop  <span class="tc"># if true</span></span>' in page
 
 
 def test_report_refuses_what_is_not_a_run(tmp_path):
