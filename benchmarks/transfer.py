@@ -55,6 +55,42 @@ def run(path: Path, domain: str, skills: Path, args: argparse.Namespace) -> dict
                str(args.candidates), "--seed", str(args.seed), "--skills", str(skills), *extra, "--json")
 
 
+def first_plan(path: Path) -> str:
+    plan = path / "reports" / "plan-g1.json"
+    if not plan.is_file():
+        return "no plan"
+    return ", ".join(f"`{iv.get('transform') or iv['factor']}`" for iv in json.loads(plan.read_text())["interventions"])
+
+
+def prior_lines(runs: dict[tuple[str, str], Path], domains: list[str], skills: list) -> list[str]:
+    """What crossed domains without being retrieved: the Planner ranks every catalog change by its expected gain under
+    memory's prior, and the Critic judges under it, from every measurement of that change in any domain (retrieval
+    of whole skills is limited to the run's domain and to general skills). Per later domain of the shared store:
+    each candidate's change with the measurements of it the earlier domains left, and the first plan with the shared
+    store against the first plan with an empty one."""
+    from evotrainer.analyze import read_facts
+
+    out = ["## Through the prior", "",
+           "Retrieval hands the Planner whole skills of the run's own domain and general ones only; what every "
+           "domain's runs measured of a change reaches later runs of any domain as the prior its expected gain is "
+           "ranked by and the Critic judges under. Measurements of each candidate's change left by the earlier "
+           "domains (effect, verdict), and the first generation's plan with the shared and with an empty store:", "",
+           "| domain | candidate | change | measured before in other domains | its outcome |", "|---|---|---|---|---|"]
+    firsts = []
+    for i, domain in enumerate(domains[1:], start=1):
+        facts = read_facts(runs[("shared", domain)])
+        for c in facts.candidates:
+            before = [v for s in skills if c.transform and s.transform == c.transform for v in s.validations
+                      if v.domain in domains[:i]]
+            said = "; ".join(f"{v.domain} {v.verdict} {v.effect:+.3f}" if v.effect is not None
+                             else f"{v.domain} {v.verdict}" for v in before) or "nothing"
+            effect = "" if c.effect is None else f" {c.effect:+.3f}"
+            out.append(f"| {domain} | `{c.branch}` | {c.transform or c.factor} | {said} | {c.status}{effect} |")
+        firsts.append(f"| {domain} | {first_plan(runs[('shared', domain)])} | {first_plan(runs[('empty', domain)])} |")
+    out += ["", "| domain | first plan, shared store | first plan, empty store |", "|---|---|---|", *firsts, ""]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path.home() / "evotrainer-transfer")
@@ -114,6 +150,7 @@ def main() -> None:
     lines += ["", f"The shared store holds {len(skills)} skills; general (positive in two or more domains): "
               + (", ".join(f"`{s.id}` {s.transform or s.factor} ({', '.join(s.domains)}, {s.effect:+.3f})"
                            for s in general) if general else "none") + ".", ""]
+    lines += prior_lines(runs, domains, skills)
     (out / "transfer.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
