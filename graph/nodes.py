@@ -199,7 +199,8 @@ class Loop:
         head = ws.harness.head("main")
         tried = sorted({r.factor for r in ws.harness.lineage() if r.parent == head and r.factor})
         # what memory measured of each change, in any run and domain: the Planner's expected gains
-        priors = priors_for(self.store, list(CATALOG), self.rule.prior_sd) if self.cfg.loop.skill_memory else {}
+        priors = priors_for(self.store, list(CATALOG), self.rule.prior_sd, self.cfg.domain) \
+            if self.cfg.loop.skill_memory else {}
         plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
                                         diagnosis=state.diagnosis, findings=state.findings, skills=hits,
                                         lineage=self.lineage(), files=harness_files(self.champion_dir()),
@@ -310,7 +311,7 @@ class Loop:
         for cand in state.candidates:
             bt = cand.backtest
             iv = cand.intervention  # the prior: what memory measured of the same change (empirical Bayes)
-            prior = prior_for(self.store, iv.transform, iv.factor, self.rule.prior_sd) \
+            prior = prior_for(self.store, iv.transform, iv.factor, self.rule.prior_sd, self.cfg.domain) \
                 if self.cfg.loop.skill_memory else None
             v = judge(iv, bt, self.rule, cand.error, prior)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})

@@ -9,6 +9,11 @@ measurement); the prior for the next test is the predictive distribution of its 
 N(mean of mu, var of mu + tau^2). With nothing measured it is N(0, default_sd^2). A new short run is then shrunk
 toward what the store knows: a change measured near zero many times needs a clear effect to be promoted, one
 measured positive before needs less; and repeated tests of one change pool their evidence.
+
+A measurement made in another domain than the one being tested says less about this one: its variance gets
+default_sd^2 on top (the spread of what a change does where nothing is known), so it moves the prior's mean toward
+its sign but never makes it tight. Without that, one math backtest of a curriculum (+0.044 +- 0.009) was a prior
+N(+0.036, 0.008^2) for code, and turned a code short run that measured -0.006 into P(gain) 0.91.
 """
 
 from __future__ import annotations
@@ -32,35 +37,42 @@ class Prior(BaseModel):
         return cls(mean=0.0, sd=sd, n=0, source=f"no measurement in memory: N(0, {sd:g}^2)")
 
 
-def combine(validations: list[Validation], default_sd: float) -> Prior:
-    """The random-effects prior from measured validations (those with an effect and an interval)."""
-    measured = [(v.effect, v.se) for v in validations if v.effect is not None and v.se]
+def combine(validations: list[Validation], default_sd: float, domain: str | None = None) -> Prior:
+    """The random-effects prior from measured validations (those with an effect and an interval), for a test in
+    `domain` (None: every measurement counts as this domain's)."""
+    measured = [(v.effect, v.se ** 2 + (default_sd ** 2 if domain and v.domain != domain else 0.0))
+                for v in validations if v.effect is not None and v.se]
     if not measured:
         return Prior.vague(default_sd)
-    w = [1 / se ** 2 for _, se in measured]
+    w = [1 / var for _, var in measured]
     fixed = sum(wi * e for wi, (e, _) in zip(w, measured)) / sum(w)
     q = sum(wi * (e - fixed) ** 2 for wi, (e, _) in zip(w, measured))
     c = sum(w) - sum(wi ** 2 for wi in w) / sum(w)
     tau2 = max(0.0, (q - (len(measured) - 1)) / c) if len(measured) > 1 and c > 0 else 0.0
-    w_re = [1 / (se ** 2 + tau2) for _, se in measured]
+    w_re = [1 / (var + tau2) for _, var in measured]
     precision = 1 / default_sd ** 2 + sum(w_re)
     mean = sum(wi * e for wi, (e, _) in zip(w_re, measured)) / precision
     sd = math.sqrt(1 / precision + tau2)
+    elsewhere = sum(1 for v in validations if v.effect is not None and v.se and domain and v.domain != domain)
     return Prior(mean=mean, sd=sd, n=len(measured),
-                 source=f"{len(measured)} measured backtest(s) in memory: N({mean:+.4f}, {sd:.4f}^2)")
+                 source=f"{len(measured)} measured backtest(s) in memory"
+                        + (f", {elsewhere} in other domains" if elsewhere else "") + f": N({mean:+.4f}, {sd:.4f}^2)")
 
 
-def priors_for(store: SkillStore, transforms: list[str], default_sd: float) -> dict[str, Prior]:
+def priors_for(store: SkillStore, transforms: list[str], default_sd: float,
+               domain: str | None = None) -> dict[str, Prior]:
     """`prior_for` of many catalog transforms at once, the store read once."""
     skills = store.list()
-    return {t: combine([v for s in skills if s.transform == t for v in s.validations], default_sd)
+    return {t: combine([v for s in skills if s.transform == t for v in s.validations], default_sd, domain)
             for t in transforms}
 
 
-def prior_for(store: SkillStore, transform: str | None, factor: str, default_sd: float) -> Prior:
-    """The prior for the next test of a change: every stored validation of the same transform (else factor)."""
+def prior_for(store: SkillStore, transform: str | None, factor: str, default_sd: float,
+              domain: str | None = None) -> Prior:
+    """The prior for the next test of a change in `domain`: every stored validation of the same transform (else
+    factor), those of other domains counted as weaker evidence."""
     skills = [s for s in store.list() if (s.transform == transform if transform else s.factor == factor)]
-    return combine([v for s in skills for v in s.validations], default_sd)
+    return combine([v for s in skills for v in s.validations], default_sd, domain)
 
 
 def expected_gain(prior: Prior) -> float:

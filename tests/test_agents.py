@@ -284,6 +284,32 @@ def test_memory_prior_pools_measured_backtests():
     assert abs(agree.mean) < 1e-9 and agree.sd < 0.003 and agree.n == 6
     spread = combine([val(-0.03, 0.005), val(0.03, 0.005)], 0.02)  # two that disagree: the spread stays in the prior
     assert spread.sd > 0.03
+    # the test's own domain named: its measurements count as before
+    assert combine([val(0.01, 0.01)], 0.02, "math") == one
+
+
+def test_a_measurement_from_another_domain_is_weaker_evidence_than_one_from_this_domain():
+    """The case the transfer benchmark met: one math backtest of a curriculum (+0.044 [+0.026, +0.062]) as the prior
+    of code's test of it, whose short run measured -0.006 (se 0.0054). Counted as code's own evidence it made the
+    posterior's P(gain) 0.91, past the promotion level, on a measured loss; as another domain's it points the mean
+    its way without tightening it, and the measured loss decides."""
+    from evotrainer.agents.critic import posterior
+    from evotrainer.memory.prior import combine
+    from evotrainer.memory.skill import Validation
+
+    math_test = Validation(domain="math", verdict="promote", effect=0.044, ci_low=0.026, ci_high=0.062)
+    as_own = combine([math_test], 0.02, "math")
+    elsewhere = combine([math_test], 0.02, "code")
+    assert elsewhere.mean == pytest.approx(0.044 * 2079 / 4579, rel=0.01)  # shrunk by the extra 0.02^2 of variance
+    assert elsewhere.sd == pytest.approx(4579 ** -0.5, rel=0.01) and elsewhere.sd > 1.5 * as_own.sd
+    assert "1 in other domains" in elsewhere.source and "other domains" not in as_own.source
+    rule = PromotionRule()
+    assert posterior(-0.006, 0.0054, as_own).p_gain > rule.level  # what the old prior did
+    assert posterior(-0.006, 0.0054, elsewhere).p_gain < 0.5
+    # several domains agreeing still add up: five other-domain tests of +0.03 make a confident positive prior
+    many = combine([math_test.model_copy(update={"domain": d, "effect": 0.03, "ci_low": 0.012, "ci_high": 0.048})
+                    for d in ("math", "swe", "math", "swe", "math")], 0.02, "code")
+    assert many.mean > 0.02 and many.sd < elsewhere.sd
 
 
 def test_promotion_rule():
