@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -62,11 +61,8 @@ def tiny_policy(cache_dir, tmp_path_factory) -> Path:
     from evotrainer.trainer import jobs
     from evotrainer.trainer.policy import ModelConfig, WarmupConfig
 
-    work = tmp_path_factory.mktemp("warmup-work")
-    with open(cache_dir.with_name("policy-cache.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return jobs.warm_policy("math", 0, work, model_cfg=ModelConfig(**TINY_MODEL),
-                                warm_cfg=WarmupConfig(**TINY_WARMUP))
+    return jobs.warm_policy("math", 0, tmp_path_factory.mktemp("warmup-work"), model_cfg=ModelConfig(**TINY_MODEL),
+                            warm_cfg=WarmupConfig(**TINY_WARMUP))  # warm_policy's own lock: one worker builds it
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
