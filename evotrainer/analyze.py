@@ -51,6 +51,7 @@ class CandidateFact(BaseModel):
     train_reward_delta: float | None  # candidate minus control, short run
     train_correct_delta: float | None
     skills: list[SkillCite]
+    prior: str = ""  # what memory had measured of the change when it was judged (the verdict's words); "" none
 
 
 class RunFacts(BaseModel):
@@ -125,7 +126,8 @@ def read_facts(run: str | Path, rep: RunReport | None = None) -> RunFacts:
             failed_gates=(v.failed_gates if v else []) or (bt.failed_gates if bt else []),
             train_reward_delta=sr.train_reward_delta if sr else None,
             train_correct_delta=sr.train_correct_delta if sr else None,
-            skills=[skills[s] for s in cited.get(iv_id, [])]))
+            skills=[skills[s] for s in cited.get(iv_id, [])],
+            prior=v.prior if v and v.prior and not v.prior.startswith("no measurement") else ""))
     return RunFacts(run=rep.name, path=str(path), domain=rep.domain, candidates=facts, born=born)
 
 
@@ -237,20 +239,30 @@ def shaped(a: Analysis) -> Section:
     chains = [[c.run, f"`{c.branch}`", f"`{s.id}`", f"{s.outcome} {_f(s.effect)}", ", ".join(s.domains) or "?",
                "yes" if s.domains and c.domain not in s.domains else "no", f"{c.status} {_f(c.effect)}"]
               for c in a.candidates() for s in c.skills]
+    priors = [[c.run, f"`{c.branch}`", change_of(c), c.prior, _f(c.p_gain).lstrip("+"), f"{c.status} {_f(c.effect)}"]
+              for c in a.candidates() if c.prior]
     per_run = [[r.run, r.domain, str(len(r.candidates)), str(sum(bool(c.skills) for c in r.candidates)),
-                str(sum(c.status == "promoted" for c in r.candidates)), str(first_promotion(r) or "none promoted")]
-               for r in a.runs]
+                str(sum(bool(c.prior) for c in r.candidates)), str(sum(c.status == "promoted" for c in r.candidates)),
+                str(first_promotion(r) or "none promoted")] for r in a.runs]
     return Section(title="3. Skills shaping search",
                    intro="Each candidate whose plan cited a retrieved skill: what the skill said (its outcome and "
                          "effect now, the domains it was learned in) and what the candidate did; cross-domain: a skill "
-                         "learned only in domains other than the run's. Then per run: candidates, those a skill "
-                         "informed, promotions, and the candidates tried up to the first promotion.",
+                         "learned only in domains other than the run's. Retrieval hands a plan skills of the run's "
+                         "domain and general ones; memory also reaches a candidate as the prior it is ranked and "
+                         "judged under, every measurement of its change in any run and domain (those of other domains "
+                         "as weaker evidence): each candidate judged under such a prior, with it. Then per run: "
+                         "candidates, those a skill informed, those judged under memory's prior, promotions, and the "
+                         "candidates tried up to the first promotion.",
                    tables=[Table(header=["run", "candidate", "skill", "skill said", "learned in", "cross-domain",
                                          "candidate's outcome"], rows=chains,
                                  empty="No plan in these runs cited a skill (empty stores, or nothing retrieved was "
                                        "relevant)."),
-                           Table(header=["run", "domain", "candidates", "informed by a skill", "promoted",
-                                         "candidates to the first promotion"], rows=per_run)])
+                           Table(header=["run", "candidate", "change", "prior: what memory had measured of it",
+                                         "P(gain)", "candidate's outcome"], rows=priors,
+                                 empty="No candidate was judged under a prior from memory (nothing measured of its "
+                                       "change before)."),
+                           Table(header=["run", "domain", "candidates", "informed by a skill", "under memory's prior",
+                                         "promoted", "candidates to the first promotion"], rows=per_run)])
 
 
 def sections(a: Analysis) -> list[Section]:
@@ -306,17 +318,18 @@ def _plots(a: Analysis, out: Path) -> list[str]:
     fig.savefig(out / "blocked.png", dpi=110)
     plt.close(fig)
     names.append("blocked.png")
-    # 3: outcomes of candidates with and without a cited skill
+    # 3: outcomes of candidates with a cited skill, with memory's prior only, with neither
     fig, ax = plt.subplots(figsize=(6, 3.2))
     groups = {"informed by a skill": [c for c in cands if c.skills],
-              "no skill cited": [c for c in cands if not c.skills]}
-    left = [0.0, 0.0]
+              "memory's prior only": [c for c in cands if c.prior and not c.skills],
+              "neither": [c for c in cands if not (c.skills or c.prior)]}
+    left = [0.0] * len(groups)
     for st, color in STATUS_COLOR.items():
         n = [sum(c.status == st for c in g) for g in groups.values()]
         if any(n):
-            ax.barh(range(2), n, left=left, color=color, label=st)
+            ax.barh(range(len(groups)), n, left=left, color=color, label=st)
             left = [x + y for x, y in zip(left, n)]
-    ax.set_yticks(range(2), list(groups))
+    ax.set_yticks(range(len(groups)), list(groups))
     ax.set_xlabel("candidates")
     ax.set_title("skills shaping search: outcomes of candidates")
     if ax.get_legend_handles_labels()[0]:

@@ -19,7 +19,8 @@ from .test_evidence import _row
 
 
 def _judged(ws: RunWorkspace, gen: int, name: str, factor: str, transform: str, decision: str, effect: float,
-            reward: float, gates: list[str] = (), sources: list[str] = (), findings: list[Finding] = ()) -> str:
+            reward: float, gates: list[str] = (), sources: list[str] = (), findings: list[Finding] = (),
+            prior: str = "no measurement in memory: N(0, 0.02^2)") -> str:
     repo = ws.harness
     branch, wt = repo.create_candidate(gen, name, ws.path / "worktrees")
     y = wt / "harness.yaml"
@@ -36,7 +37,7 @@ def _judged(ws: RunWorkspace, gen: int, name: str, factor: str, transform: str, 
                         start_checkpoint=None, replay=None, short_run=short, failed_gates=list(gates), seconds=1.0)
     atomic_write_text(ws.path / "reports" / f"backtest-{branch_dir(branch)}.json", bt.model_dump_json())
     verdict = VerdictRecord(branch=branch, decision=decision, failed_gates=list(gates), effect=effect,
-                            intervention=iv, generation=gen, reasons=["r"])
+                            intervention=iv, generation=gen, reasons=["r"], prior=prior, p_gain=0.6)
     verdict.save(ws.verdict_path(branch))
     plan = ws.path / "reports" / f"plan-g{gen}.json"
     old = Plan.model_validate_json(plan.read_text()) if plan.is_file() else Plan()
@@ -80,8 +81,9 @@ def test_analyses_over_runs_of_two_domains(tmp_path):
     atomic_write_text(math.path / "reports" / "summary.json", summary.model_dump_json())
 
     code = RunWorkspace.create(tmp_path / "code", "code", skills=str(store.path))  # in progress: no summary
+    measured = "1 measured backtest(s) in memory, 1 in other domains: N(+0.0140, 0.0150^2)"
     informed = _judged(code, 1, "temp", "recipe.temperature", "temperature", "inconclusive", 0.004, 0.0,
-                       sources=["dead_groups:dead_group_ratio", learned.id])
+                       sources=["dead_groups:dead_group_ratio", learned.id], prior=measured)
     repo = code.harness
     open_branch, _ = repo.create_candidate(2, "open", code.path / "worktrees")
 
@@ -98,7 +100,10 @@ def test_analyses_over_runs_of_two_domains(tmp_path):
             "| -0.010 |") in md
     # 3: the chain retrieval -> proposal -> outcome, the skill learned in math used in code: cross-domain
     assert f"| code | `{informed}` | `{learned.id}` | positive +0.030 | math | yes | inconclusive +0.004 |" in md
-    assert "| math | math | 2 | 0 | 1 | 1 |" in md and "| code | code | 2 | 1 | 0 | none promoted |" in md
+    assert "| math | math | 2 | 0 | 0 | 1 | 1 |" in md and "| code | code | 2 | 1 | 1 | 0 | none promoted |" in md
+    # and the prior it was judged under: math's measurement of the change (a vague prior is no row)
+    assert f"| code | `{informed}` | temperature | {measured} | 0.600 | inconclusive +0.004 |" in md
+    assert md.count("| 0.600 |") == 1
     facts = json.loads((out / "analysis.json").read_text())
     statuses = {c["branch"]: c["status"] for r in facts["runs"] for c in r["candidates"]}
     assert statuses[hack] == "gate" and statuses[open_branch] == "open"
