@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from evotrainer.agents.schemas import Plan
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text
+from evotrainer.memory.prior import UNMEASURED
 from evotrainer.report import RunReport, read_run, status_of
 
 
@@ -127,7 +128,7 @@ def read_facts(run: str | Path, rep: RunReport | None = None) -> RunFacts:
             train_reward_delta=sr.train_reward_delta if sr else None,
             train_correct_delta=sr.train_correct_delta if sr else None,
             skills=[skills[s] for s in cited.get(iv_id, [])],
-            prior=v.prior if v and v.prior and not v.prior.startswith("no measurement") else ""))
+            prior=v.prior if v and v.prior and not v.prior.startswith(UNMEASURED) else ""))
     return RunFacts(run=rep.name, path=str(path), domain=rep.domain, candidates=facts, born=born)
 
 

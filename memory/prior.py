@@ -25,6 +25,8 @@ from pydantic import BaseModel
 from evotrainer.memory.skill import Validation
 from evotrainer.memory.store import SkillStore
 
+UNMEASURED = "no measurement in memory"  # how a vague prior's source begins
+
 
 class Prior(BaseModel):
     mean: float
@@ -34,7 +36,7 @@ class Prior(BaseModel):
 
     @classmethod
     def vague(cls, sd: float) -> Prior:
-        return cls(mean=0.0, sd=sd, n=0, source=f"no measurement in memory: N(0, {sd:g}^2)")
+        return cls(mean=0.0, sd=sd, n=0, source=f"{UNMEASURED}: N(0, {sd:g}^2)")
 
 
 def combine(validations: list[Validation], default_sd: float, domain: str | None = None) -> Prior:
