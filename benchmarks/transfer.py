@@ -14,8 +14,9 @@ skips a finished one. At the end, `OUT/analysis/` holds `evotrainer analyze` ove
 cross-domain column: lessons retrieved across domains, what the candidate did), and `OUT/transfer.md` adds what
 analyze cannot see from one run: the skills of the shared store that became general (positive in two or more
 domains), and per domain the candidates tried before the first promotion with the shared store and with an empty one.
-`--part shared` / `--part empty` runs one half only, so the two halves can run at once in two processes (one training
-each); the analysis is written by the call that finds every run finished (rerun `--part all` to write it).
+`--part shared` / `--part empty` runs one half only, so the two halves can run at once in two processes (each loop run
+trains its backtest arms two at a time, so the two halves share the cores four ways); the analysis is written by the
+call that finds every run finished (rerun without `--part` to write it).
 `--smoke` shrinks every run (1 generation, 1 candidate, 2-step segments, 100 dev items) to check the pipeline.
 """
 
@@ -45,9 +46,8 @@ def finished(path: Path) -> bool:
 
 def run(path: Path, domain: str, skills: Path, args: argparse.Namespace) -> dict:
     """One loop run, started, resumed or read back when finished."""
-    summary = path / "reports" / "summary.json"
     if finished(path):
-        return json.loads(summary.read_text())
+        return json.loads((path / "reports" / "summary.json").read_text())
     if (path / "run.yaml").is_file():
         return cli("resume", str(path), "--json")
     extra = SMOKE if args.smoke else []

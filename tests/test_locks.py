@@ -108,7 +108,6 @@ def test_run_lock_refuses_a_second_driver_at_once(tmp_path):
         pass
 
 
-
 def test_a_warm_policy_another_process_is_building_is_waited_for_not_built_again(tmp_path, monkeypatch):
     """Two processes missing the same warm policy at once (`compare --jobs 2`): the second waits on the cache's lock
     for the key, then reads what the first built, and starts no warm-up of its own; a killed warm-up's half-written

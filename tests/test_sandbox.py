@@ -1,6 +1,8 @@
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -47,9 +49,6 @@ def test_timeout_kills_a_silent_hang(tmp_path):
 def test_the_log_shows_each_line_while_the_child_runs(tmp_path):
     """A long child (a 30-minute warm-up) is followed with `tail -f` on its log: a line is there when printed, not
     when 8 KB have piled up or the child ends."""
-    import threading
-    import time
-
     go = tmp_path / "go"
     mod = _module(tmp_path, "slow", "import pathlib, time\nprint('step 100', flush=True)\n"
                                     f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n")
