@@ -12,11 +12,12 @@ two cells at a time (compare's processes sharing the cells). What the evidence s
 end of EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the
 committed cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
 
-Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: the defect (the analyzer whose evidence shows it,
-the catalog transform that repairs it: the `DEFECTS` table of tests/test_flawed.py, read from each harness's
-README); in how many seeds the final champion **repaired** it (a promotion of that transform, and the analyzer
-silent on the evidence of the champion's last training segment) and in which generation; whether the analyzer still
-fires at the end of the reference's training; sealed test of EvoTrainer and of the reference with the paired 95%
+Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: its defects (each the analyzer whose evidence
+shows it and the catalog transform that repairs it, read from the harness's README, `defects_of`; the `DEFECTS` and
+`SECOND` tables of tests/test_flawed.py hold the same); per defect, in how many seeds the final champion
+**repaired** it (a promotion of that transform, and the analyzer silent on the evidence of the champion's last
+training segment) and in which generation, and whether the analyzer still fires at the end of the reference's
+training; sealed test of EvoTrainer and of the reference with the paired 95%
 interval (seeds x items); EvoTrainer against `hpo`; GRPO steps; invalid promotions.
 """
 
@@ -40,15 +41,20 @@ FLAWED = ROOT / "flawed"
 ARMS = ["evotrainer", "reference", "hpo"]
 
 
-def defect_of(harness: Path) -> tuple[str, str]:
-    """(analyzer, repair transform) from the README's Evidence and Repair lines: their first `code` spans."""
+def defects_of(harness: Path) -> list[tuple[str, str]]:
+    """[(analyzer, repair transform)] from the README: the k-th transform of the **Repair** paragraph (its
+    `catalog: \`name\`` spans, in order) repairs what the k-th analyzer named in the **Evidence** paragraph shows
+    (the analyzers its `code` spans name, in order; those past the last repair are supporting evidence)."""
     text = (harness / "README.md").read_text()
-    evidence = re.search(r"\*\*Evidence\*\*:[^`]*`([a-z_]+)`", text)
-    repair = re.search(r"\*\*Repair\*\*:.*?catalog: `([a-z_]+)`", text, flags=re.S)
-    if not (evidence and repair):
-        sys.exit(f"error: {harness / 'README.md'} needs an **Evidence** line naming the analyzer and a **Repair** "
-                 "line naming the catalog transform (`name`)")
-    return evidence.group(1), repair.group(1)
+    evidence = re.search(r"\*\*Evidence\*\*:(.*?)(?:\n\n|$)", text, flags=re.S)
+    repair = re.search(r"\*\*Repair\*\*:(.*?)(?:\n\n|$)", text, flags=re.S)
+    analyzers = list(dict.fromkeys(re.findall(r"`([a-z_]+)`", evidence.group(1)))) if evidence else []
+    repairs = re.findall(r"catalog:\s+`([a-z_]+)`", repair.group(1)) if repair else []
+    if not repairs or len(analyzers) < len(repairs):
+        sys.exit(f"error: {harness / 'README.md'} needs an **Evidence** paragraph naming the analyzer of each defect "
+                 "(`name`) and a **Repair** paragraph naming each repair's catalog transform (catalog: `name`), "
+                 "in the same order")
+    return list(zip(analyzers, repairs))
 
 
 def fires(evidence_dir: Path, generation: int, branch: str, harness: Path, analyzer: str, work: Path) -> bool | None:
@@ -79,30 +85,36 @@ def last_segment(run: Path) -> tuple[int, str] | None:
     return None
 
 
-def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzer: str) -> tuple[bool | None, bool | None]:
-    """(the defect's analyzer silent on EvoTrainer's last champion segment, it fires on the reference's training),
-    read from the run directories once and kept in `repair/s<seed>.json` beside the cells, so that a comparison
-    resumed from its committed cells (without the runs) keeps them."""
+def evidence_checks(cmp_dir: Path, seed: int, harness: Path,
+                    analyzers: list[str]) -> dict[str, tuple[bool | None, bool | None]]:
+    """Per analyzer: (silent on EvoTrainer's last champion segment, fires on the reference's training), read from
+    the run directories once and kept in `repair/s<seed>.json` beside the cells, so that a comparison resumed from
+    its committed cells (without the runs) keeps them. A file of the first format (one analyzer, flat keys) answers
+    for the harness's first defect."""
     kept = cmp_dir / "repair" / f"s{seed}.json"
-    if kept.is_file():
-        found = json.loads(kept.read_text())
-        return found["analyzer_silent_at_end"], found["reference_analyzer_fires"]
-    if analyzer == "-":
-        return None, None
+    found = json.loads(kept.read_text()) if kept.is_file() else {}
+    if "analyzer_silent_at_end" in found:
+        found = {"segment": found["segment"], "analyzers": {analyzers[0]: {
+            "silent_at_end": found["analyzer_silent_at_end"], "reference_fires": found["reference_analyzer_fires"]}}}
+    checks = found.get("analyzers", {})
+    missing = [a for a in analyzers if a not in checks]
     run = cmp_dir / "runs" / f"evotrainer-s{seed}"
-    seg = last_segment(run) if run.is_dir() else None
-    silent = None if seg is None else not fires(run / "evidence", seg[0], seg[1], run / "harness", analyzer,
-                                                cmp_dir / "work")
     ref_dir = cmp_dir / "static" / f"reference-s{seed}"
-    ref = fires(ref_dir / "evidence", None, None, harness, analyzer, cmp_dir / "work") if ref_dir.is_dir() else None
-    if silent is not None and ref is not None:
-        kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(kept, json.dumps({"segment": list(seg), "analyzer_silent_at_end": silent,
-                                            "reference_analyzer_fires": ref}))
-    return silent, ref
+    seg = last_segment(run) if missing and run.is_dir() else None
+    if seg is not None and ref_dir.is_dir():
+        for a in missing:
+            checks[a] = {"silent_at_end": not fires(run / "evidence", seg[0], seg[1], run / "harness", a,
+                                                    cmp_dir / "work"),
+                         "reference_fires": fires(ref_dir / "evidence", None, None, harness, a, cmp_dir / "work")}
+        if all(c["reference_fires"] is not None for c in checks.values()):
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(kept, json.dumps({"segment": list(seg), "analyzers": checks}))
+    return {a: (checks[a]["silent_at_end"], checks[a]["reference_fires"]) if a in checks else (None, None)
+            for a in analyzers}
 
 
-def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzer: str, done: threading.Event) -> None:
+def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzers: list[str],
+                         done: threading.Event) -> None:
     """While a comparison runs, keep each seed's evidence checks as soon as its EvoTrainer and reference cells are
     written (their run directories are complete then): a benchmark stopped before its last cell, and resumed on a
     machine without the run directories, still knows what the evidence said of the seeds it finished."""
@@ -110,7 +122,7 @@ def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzer: str
         for s in range(seeds):
             cells = [cmp_dir / "cells" / f"{arm}-s{s}.json" for arm in ("evotrainer", "reference")]
             if all(c.is_file() for c in cells) and not (cmp_dir / "repair" / f"s{s}.json").is_file():
-                evidence_checks(cmp_dir, s, harness, analyzer)
+                evidence_checks(cmp_dir, s, harness, analyzers)
         if done.wait(60):
             return
 
@@ -120,11 +132,12 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
     from evotrainer.compare.report import search_effect
     from evotrainer.compare.results import Comparison
 
-    analyzer, transform = defect_of(harness) if name != "clean" else ("-", "-")
+    defects = defects_of(harness) if name != "clean" else []
+    analyzers = [a for a, _ in defects]
     cmp_dir = out / f"{domain}-{name}"
     started = time.time()
     done = threading.Event()
-    watcher = threading.Thread(target=keep_evidence_checks, args=(cmp_dir, seeds, harness, analyzer, done),
+    watcher = threading.Thread(target=keep_evidence_checks, args=(cmp_dir, seeds, harness, analyzers, done),
                                daemon=True)
     watcher.start()
     try:
@@ -138,16 +151,21 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
     seeds_rows = []
     for s in comparison.seeds:
         evo, ref = by[("evotrainer", s)], by[("reference", s)]
-        promoted = [v for v in evo.lineage if v["decision"] == "promote" and v["transform"] == transform]
-        silent_after, ref_fires = evidence_checks(cmp_dir, s, harness, analyzer)
-        seeds_rows.append({"seed": s, "repaired": bool(promoted) and bool(silent_after),
-                           "generation": promoted[0]["generation"] if promoted else None,
-                           "analyzer_silent_at_end": silent_after, "reference_analyzer_fires": ref_fires,
+        checks = evidence_checks(cmp_dir, s, harness, analyzers)
+        per_defect = []
+        for analyzer, transform in defects:
+            promoted = [v for v in evo.lineage if v["decision"] == "promote" and v["transform"] == transform]
+            silent_after, ref_fires = checks[analyzer]
+            per_defect.append({"analyzer": analyzer, "repair": transform,
+                               "repaired": bool(promoted) and bool(silent_after),
+                               "generation": promoted[0]["generation"] if promoted else None,
+                               "analyzer_silent_at_end": silent_after, "reference_analyzer_fires": ref_fires})
+        seeds_rows.append({"seed": s, "defects": per_defect,
                            "invalid": sum(p.get("invalid", False) for p in evo.promotions),
                            "evotrainer": evo.test_accuracy, "reference": ref.test_accuracy,
                            "steps": {a: by[(a, s)].total_steps for a in ARMS}})
     summary = {x.arm: x for x in comparison.summaries}
-    return {"harness": name, "domain": domain, "analyzer": analyzer, "repair": transform,
+    return {"harness": name, "domain": domain, "defects": [{"analyzer": a, "repair": t} for a, t in defects],
             "digest": comparison.harness_digest, "seeds": seeds_rows,
             "evotrainer": summary["evotrainer"].test_accuracy, "reference": summary["reference"].test_accuracy,
             "hpo": summary["hpo"].test_accuracy, "vs_reference": summary["evotrainer"].vs_reference,
@@ -160,23 +178,28 @@ def table(rows: list[dict]) -> str:
              "steps a seed (evo/ref/hpo) | invalid |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["seeds"]
-        repaired = f"{sum(x['repaired'] for x in s)}/{len(s)}" if r["analyzer"] != "-" else "-"
-        gens = ", ".join(str(x["generation"]) for x in s if x["generation"] is not None) or "-"
-        ref = f"{sum(bool(x['reference_analyzer_fires']) for x in s)}/{len(s)}" if r["analyzer"] != "-" else "-"
+        per = [[x["defects"][k] for x in s] for k in range(len(r["defects"]))]  # per defect, its seeds
+        defects = "; ".join(f"`{d['analyzer']}` -> `{d['repair']}`" for d in r["defects"]) or "-"
+        repaired = "; ".join(f"{sum(x['repaired'] for x in d)}/{len(d)}" for d in per) or "-"
+        gens = "; ".join(", ".join(str(x["generation"]) for x in d if x["generation"] is not None) or "-"
+                         for d in per) or "-"
+        ref = "; ".join(f"{sum(bool(x['reference_analyzer_fires']) for x in d)}/{len(d)}" for d in per) or "-"
         d, lo, hi = r["vs_reference"] or (float("nan"),) * 3
         h = r["vs_hpo"] if r["vs_hpo"] and r["vs_hpo"][0] is not None else None
         vs_hpo = f"{h[0]:+.3f} [{h[1]:+.3f}, {h[2]:+.3f}]" if h else "-"
         steps = "/".join(f"{np.mean([x['steps'][a] for x in s]):.0f}" for a in ARMS)
-        lines.append(f"| {r['harness']} | `{r['analyzer']}` -> `{r['repair']}` | {repaired} | {gens} | {ref} | "
+        lines.append(f"| {r['harness']} | {defects} | {repaired} | {gens} | {ref} | "
                      f"{r['evotrainer']:.3f} / {r['reference']:.3f} / {r['hpo']:.3f} | "
                      f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] | {vs_hpo} | "
                      f"{steps} | {sum(x['invalid'] for x in s)} |")
-    pairs = [x for r in rows if r["analyzer"] != "-" for x in r["seeds"]]
-    flawed = [r for r in rows if r["analyzer"] != "-"]
+    pairs = [d for r in rows for x in r["seeds"] for d in x["defects"]]
+    flawed = [r for r in rows if r["defects"]]
     wins = sum(1 for r in flawed if r["vs_reference"] and r["vs_reference"][1] > 0)
-    lines += ["", f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs; "
-                  f"EvoTrainer above the reference with the interval's lower bound > 0 on {wins} of {len(flawed)} "
-                  f"flawed harnesses; invalid promotions: {sum(x['invalid'] for x in pairs)}."]
+    lines += ["", "A harness with two defects has one entry per defect in the defect, repaired, generation and "
+                  "reference columns, in the order of its README.", "",
+              f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs; "
+              f"EvoTrainer above the reference with the interval's lower bound > 0 on {wins} of {len(flawed)} "
+              f"flawed harnesses; invalid promotions: {sum(x['invalid'] for r in flawed for x in r['seeds'])}."]
     return "\n".join(lines)
 
 

@@ -4,6 +4,8 @@ proposal is its repair."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -37,6 +39,14 @@ SECOND = {"code/cold_pairs": ("small_groups", "more_generations"),  # harnesses 
 RECORDED = Path(__file__).resolve().parent / "data" / "flawed"  # evidence of real runs (record_evidence.py)
 
 
+def _repair_benchmark():
+    """benchmarks/repair.py as a module (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("repair_benchmark", FLAWED.parent / "repair.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_suite_is_what_the_table_says_and_every_harness_is_valid_and_documented(tmp_path):
     found = sorted(str(p.parent.relative_to(FLAWED)) for p in FLAWED.glob("*/*/harness.yaml"))
     assert found == sorted(DEFECTS)
@@ -48,6 +58,8 @@ def test_the_suite_is_what_the_table_says_and_every_harness_is_valid_and_documen
             assert part in readme, (name, part)
         analyzer, transform = DEFECTS[name]
         assert f"`{analyzer}`" in readme and f"`{transform}`" in readme, name
+        # the benchmark reads every defect of a harness from its README, in this order
+        assert _repair_benchmark().defects_of(path) == [DEFECTS[name], *([SECOND[name]] if name in SECOND else [])]
         start = starting_harness(None, path)
         assert start.domain == name.split("/")[0] and "README.md" not in start.files
         # the hyperparameter search's first trial is this harness's own recipe, exactly (its space holds it)
@@ -57,6 +69,31 @@ def test_the_suite_is_what_the_table_says_and_every_harness_is_valid_and_documen
         text = "\n".join((path / f).read_text() for f in start.files).lower()
         assert not re.search(r"\b(defect|flaw|bug|wrong|too (low|small|short|cold))\b", text), name
 
+
+
+def test_the_repair_table_counts_every_defect_of_a_harness_and_reads_the_first_format(tmp_path):
+    repair = _repair_benchmark()
+    # a seed kept in the first format (one analyzer, flat keys), its run directories gone: it answers for the first
+    # defect; the second is unknown, not silently repaired
+    (tmp_path / "repair").mkdir()
+    (tmp_path / "repair" / "s0.json").write_text(json.dumps({"segment": [1, "control"], "analyzer_silent_at_end": True,
+                                                             "reference_analyzer_fires": True}))
+    checks = repair.evidence_checks(tmp_path, 0, FLAWED / "code" / "cold_pairs", ["identical_samples", "small_groups"])
+    assert checks == {"identical_samples": (True, True), "small_groups": (None, None)}
+
+    def seed(s, first, second):
+        return {"seed": s, "invalid": 0, "steps": {"evotrainer": 140, "reference": 60, "hpo": 140},
+                "defects": [{"analyzer": "identical_samples", "repair": "temperature", "repaired": first,
+                             "generation": 1 if first else None, "reference_analyzer_fires": True},
+                            {"analyzer": "small_groups", "repair": "more_generations", "repaired": second,
+                             "generation": 2 if second else None, "reference_analyzer_fires": True}]}
+    row = {"harness": "cold_pairs", "defects": [{"analyzer": "identical_samples", "repair": "temperature"},
+                                                {"analyzer": "small_groups", "repair": "more_generations"}],
+           "seeds": [seed(0, True, True), seed(1, True, False), seed(2, False, False)],
+           "evotrainer": 0.5, "reference": 0.45, "hpo": 0.47, "vs_reference": [0.05, 0.01, 0.09], "vs_hpo": None}
+    md = repair.table([row])
+    assert "| 2/3; 1/3 | 1, 1; 2 | 3/3; 3/3 |" in md
+    assert "Defects repaired in 3 of 6 (defect, seed) pairs" in md and "lower bound > 0 on 1 of 1" in md
 
 def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
     spec = TrainSpec(domain="math", checkpoint=str(policy), harness_dir=str(harness), steps=steps, seed=0,
