@@ -43,7 +43,7 @@ ARMS = ["evotrainer", "reference", "hpo"]
 
 def defects_of(harness: Path) -> list[tuple[str, str]]:
     """[(analyzer, repair transform)] from the README: the k-th transform of the **Repair** paragraph (its
-    `catalog: \`name\`` spans, in order) repairs what the k-th analyzer named in the **Evidence** paragraph shows
+    "catalog: `name`" spans, in order) repairs what the k-th analyzer named in the **Evidence** paragraph shows
     (the analyzers its `code` spans name, in order; those past the last repair are supporting evidence)."""
     text = (harness / "README.md").read_text()
     evidence = re.search(r"\*\*Evidence\*\*:(.*?)(?:\n\n|$)", text, flags=re.S)

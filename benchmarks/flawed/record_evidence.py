@@ -6,8 +6,9 @@ Trains `evotrainer train --harness benchmarks/flawed/<domain>/<name> --steps N -
 policy (built on a miss) in a scratch folder, and keeps its evidence (`g0/main`: rollouts and steps, Parquet) under
 `tests/data/flawed/<domain>-<name>/` with `source.json`: the harness's content digest, the steps, the seed, the
 command. The test reruns every analyzer and the offline Planner on that evidence, and refuses it once the harness's
-digest differs (the evidence is then of another harness: record it again). Used for the domains whose warm policy the
-package does not ship, where training in the test would first cost a warm-up.
+digest differs (the evidence is then of another harness: record it again). Used for every harness but `make demo`'s
+(`math/answer_line_everywhere`, which the test trains): for the domains whose warm policy the package does not ship
+training in the test would first cost a warm-up, and each training child costs the suite about 30 s.
 """
 
 from __future__ import annotations
