@@ -103,10 +103,10 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path,
     seg = last_segment(run) if missing and run.is_dir() else None
     if seg is not None and ref_dir.is_dir():
         for a in missing:
-            checks[a] = {"silent_at_end": not fires(run / "evidence", seg[0], seg[1], run / "harness", a,
-                                                    cmp_dir / "work"),
+            at_end = fires(run / "evidence", seg[0], seg[1], run / "harness", a, cmp_dir / "work")
+            checks[a] = {"silent_at_end": None if at_end is None else not at_end,  # None: no evidence to read
                          "reference_fires": fires(ref_dir / "evidence", None, None, harness, a, cmp_dir / "work")}
-        if all(c["reference_fires"] is not None for c in checks.values()):
+        if all(v is not None for c in checks.values() for v in c.values()):
             kept.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(kept, json.dumps({"segment": list(seg), "analyzers": checks}))
     return {a: (checks[a]["silent_at_end"], checks[a]["reference_fires"]) if a in checks else (None, None)
