@@ -4,6 +4,7 @@ proposal is its repair."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
@@ -39,6 +40,7 @@ SECOND = {"code/cold_pairs": ("small_groups", "more_generations"),  # harnesses 
 RECORDED = Path(__file__).resolve().parent / "data" / "flawed"  # evidence of real runs (record_evidence.py)
 
 
+@functools.cache
 def _repair_benchmark():
     """benchmarks/repair.py as a module (the benchmarks are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location("repair_benchmark", FLAWED.parent / "repair.py")
