@@ -46,6 +46,60 @@ def test_timeout_kills_a_silent_hang(tmp_path):
         os.kill(pid, 0)
 
 
+def _groups_count_cpu() -> bool:
+    from evotrainer.trainer.sandbox import ChildGroups
+
+    groups = ChildGroups(None)
+    groups.remove()
+    return groups.usage is not None
+
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass\n"
+
+
+def test_the_cpu_limit_counts_every_process_the_child_starts(tmp_path):
+    """Two processes that would spend 5 CPU seconds each: RLIMIT_CPU (3 s) stops each at 3; the child's group counts
+    their sum, and the watchdog stops the child at 3 in all (where a group can be made: as root, as in CI)."""
+    if not _groups_count_cpu():
+        pytest.skip("no cgroup can be made here to count a child's CPU time (needs root and a cgroup file system)")
+    mod = _module(tmp_path, "pair", "import os\npid = os.fork()\n" + BURN.format(5)
+                  + "if pid:\n    os.waitpid(pid, 0)\n")
+    res = run_module(mod, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits(cpu_s=3, timeout_s=120),
+                     label="cand-z")
+    assert res.reason == "timeout" and res.message.startswith("cand-z: timed out: used its 3 CPU seconds"), res
+    assert 3 <= res.cpu_seconds < 6  # stopped within a poll of the limit, not at 6 (each at its RLIMIT)
+
+
+def test_waiting_does_not_count_against_the_cpu_limit(tmp_path):
+    """A job limited by its CPU time (`Limits.by_cpu`) passes when it waits longer than its CPU budget, as a child
+    starved by a loaded machine does; one that waits for ever is stopped by the wall clock, with what it used said."""
+    waits = _module(tmp_path, "waits", "import time\ntime.sleep(3)\n")
+    assert run_module(waits, [], cwd=tmp_path, log_path=tmp_path / "log", limits=Limits.by_cpu(2)).ok
+    hangs = _module(tmp_path, "hangs", "import time\nwhile True: time.sleep(1)\n")
+    res = run_module(hangs, [], cwd=tmp_path, log_path=tmp_path / "log2", limits=Limits.by_cpu(2), label="cand-w")
+    assert res.reason == "timeout" and res.message.startswith("cand-w: timed out after 6s"), res
+    if res.cpu_seconds is not None:
+        assert res.message.endswith(f"having used {res.cpu_seconds:.0f} CPU seconds of its 2")
+
+
+def test_groups_left_by_a_dead_process_are_removed(tmp_path):
+    from evotrainer.trainer import sandbox
+
+    parent = sandbox.CGROUP_V1 / "pids"
+    if not _groups_count_cpu() or not (parent / "cgroup.procs").is_file():
+        pytest.skip("no cgroup v1 pids hierarchy here")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left, kept = parent / f"evotrainer-{int(dead.stdout)}-1", parent / f"evotrainer-{os.getpid()}-1"
+    left.mkdir(), kept.mkdir()
+    try:
+        sandbox._sweep.cache_clear()
+        sandbox.ChildGroups(8).remove()
+        assert not left.exists() and kept.exists()  # a live process's group is its own to remove
+    finally:
+        for g in (left, kept):
+            g.exists() and g.rmdir()
+
+
 def test_the_log_shows_each_line_while_the_child_runs(tmp_path):
     """A long child (a 30-minute warm-up) is followed with `tail -f` on its log: a line is there when printed, not
     when 8 KB have piled up or the child ends."""
@@ -142,6 +196,7 @@ def test_an_isolated_childs_cpu_time_reaches_the_parent(tmp_path):
                          on_progress=events.append, isolation=Isolation(read=[str(root)], write=[str(root / "out")]))
         assert res.ok, res.message
         assert 0.45 <= isolated_cpu_seconds() - before < 5 and events == []  # the report is not a progress event
+        assert isolated_cpu_seconds() - before == pytest.approx(res.cpu_seconds, abs=0.01)  # the group counts it
         assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - rusage < 0.3  # what was missing
         before = isolated_cpu_seconds()
         assert run_module(mod, [], cwd=root, log_path=root / "log2", limits=Limits(timeout_s=60)).ok

@@ -392,7 +392,7 @@ def validate_harness(harness_dir: str | Path, work_dir: Path, *, label: str | No
     log = work_dir / "logs" / f"validate-{harness_dir.name}.log"
     try:
         res = run_module("evotrainer.trainer.harness", [str(harness_dir), str(batch_path), str(out / "result.json")],
-                         cwd=harness_dir, log_path=log, limits=limits or Limits(timeout_s=120, memory_mb=4096),
+                         cwd=harness_dir, log_path=log, limits=limits or Limits.by_cpu(240, memory_mb=4096),
                          label=label, isolation=Isolation(read=[str(harness_dir), str(batch_path)], write=[str(out)]))
         if not res.ok:
             return [res.message]

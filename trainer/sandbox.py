@@ -1,6 +1,6 @@
 """The one way harness code and training run: a child process with limits, isolated by bubblewrap.
 
-Every child gets a wall-clock timeout, an address-space limit, a CPU-time limit, a working
+Every child gets a wall-clock timeout, an address-space limit, a CPU-time limit (see `Limits`), a working
 directory, and an environment with API keys and tokens removed. It reports progress as JSON
 lines on stdout (prefix `PROGRESS_PREFIX`), everything else goes to a log file (capped). The result is a
 typed `ChildResult`: ok, or failed with a reason of timeout / memory / crash / error, and the tail
@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -45,21 +45,39 @@ _cpu_lock = threading.Lock()
 
 
 def isolated_cpu_seconds() -> float:
-    """CPU seconds this process's isolated children reported at their end: what `getrusage(RUSAGE_CHILDREN)` misses
-    (it counts the children that run without bubblewrap). Self-reported by the child, so code the child ran could
-    misstate it; a statistic, never a decision."""
+    """CPU seconds of this process's isolated children: what `getrusage(RUSAGE_CHILDREN)` misses (it counts the
+    children that run without bubblewrap). Counted by each child's cgroup where one could be made (`ChildGroups`),
+    else the child's own report at its end, which code the child ran could misstate; a statistic, never a decision."""
     with _cpu_lock:
         return _isolated_cpu[0]
 SECRET_ENV = re.compile(r"(API_KEY|_TOKEN|SECRET|PASSWORD|CREDENTIAL|^AWS_|^HF_TOKEN)", re.IGNORECASE)
 
 
 class Limits(BaseModel):
+    """What a child may spend. Two limits on time: `cpu_s`, the CPU seconds of the child and everything it starts
+    (counted by a cgroup where one can be made, `ChildGroups`; per process by RLIMIT_CPU everywhere), which stops a
+    busy child whatever else the machine runs; and `timeout_s`, the wall clock, which stops one that waits or
+    sleeps. A job whose verdict must not depend on the machine's load (a candidate's replay, its validation) sets
+    `cpu_s` to its budget and `timeout_s` to a wide backstop: on a machine running four trainings on two cores the
+    same harness passes or fails the same way."""
+
     timeout_s: float = 3600.0
     memory_mb: int = 16_000  # address space; torch maps a few GB of virtual memory at import
     max_tasks: int = 512  # processes and threads of an isolated child (where a pids cgroup can be made)
-    cpu_s: int | None = None  # defaults to 2 x timeout
+    cpu_s: int | None = None  # the child's CPU seconds in all; by default never before the wall clock (cpu_limit)
     network: bool = False  # False: an empty network namespace where the OS allows one (see network_isolation)
     log_mb: int = 64  # the child's output kept in its log; the rest is dropped (a flood cannot fill the disk)
+
+    def cpu_limit(self) -> int:
+        """`cpu_s`, or where unset twice the wall clock on every core: a training child's ranks and threads on a
+        16-core machine spend 16 CPU seconds a second, and a limit of the whole child must not stop them early."""
+        return int(self.cpu_s or 2 * self.timeout_s * (os.cpu_count() or 1))
+
+    @classmethod
+    def by_cpu(cls, cpu_s: int, **fields) -> Limits:
+        """Limits for a job whose verdict must not depend on the machine's load: its CPU seconds decide, and the wall
+        clock, three times that, only stops a child that waits (a busy child there has had a third of a core)."""
+        return cls(cpu_s=cpu_s, timeout_s=3 * cpu_s, **fields)
 
 
 class Isolation(BaseModel):
@@ -205,6 +223,7 @@ class ChildResult(BaseModel):
     seconds: float
     log_tail: str = ""
     message: str = ""  # one line: what went wrong, for the user
+    cpu_seconds: float | None = None  # the child's and its children's, counted by its cgroup (else self-reported)
 
 
 def progress(**fields) -> None:
@@ -264,45 +283,118 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-PIDS_CGROUP = Path("/sys/fs/cgroup/pids")  # cgroup v1's pids controller, where the machine has one
+CGROUP_V1 = Path("/sys/fs/cgroup")  # where cgroup v1 mounts its controllers (pids, cpuacct), on machines that have it
 
 
-def _pids_cgroup(max_tasks: int) -> Path | None:
-    """A fresh pids cgroup capped at `max_tasks` processes and threads (a fork bomb stops there), or None where
-    this process may not make one (RLIMIT_NPROC does not bind root, so this is the cap that does)."""
-    if not (PIDS_CGROUP / "cgroup.procs").is_file() or not os.access(PIDS_CGROUP, os.W_OK):
-        return None
-    path = PIDS_CGROUP / f"evotrainer-{os.getpid()}-{time.monotonic_ns()}"
+def _alive(pid: int) -> bool:
     try:
-        path.mkdir()
-        (path / "pids.max").write_text(str(max_tasks))
-        return path
-    except OSError:
-        return None
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
-def _remove_cgroup(path: Path | None) -> None:
-    for _ in range(50):  # empty once the namespace's processes are reaped
+@cache
+def _sweep(parent: Path) -> None:
+    """Remove the empty groups that earlier processes left under `parent` (a killed orchestrator never removes
+    its own); once per process and hierarchy. A group still in use is not empty, and rmdir refuses it."""
+    for g in parent.glob("evotrainer-*"):
         try:
-            path and path.rmdir()
-            return
+            if not _alive(int(g.name.split("-")[1])):
+                g.rmdir()
+        except (ValueError, IndexError, OSError):
+            pass
+
+
+def _cgroup2_own() -> Path | None:
+    """This process's own group in the cgroup v2 hierarchy (where one is mounted), under which a child group may be
+    made: a group that holds processes has no controllers for its children, so the child group is a legal place."""
+    try:
+        mount = next(line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                     if " - cgroup2 " in line)
+        own = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+    except (OSError, StopIteration):
+        return None
+    return Path(mount) / own.strip().lstrip("/")
+
+
+class ChildGroups:
+    """The control groups one child starts in, where this process may make them (as root, with a cgroup file
+    system): a pids group that caps the child's processes and threads (a fork bomb stops there; RLIMIT_NPROC does
+    not bind root), and a CPU accounting group that counts the CPU time of everything the child starts,
+    bubblewrap's PID namespace included: what `Limits.cpu_s` decides on, measured here, not reported by the
+    child. Without them the child still has RLIMIT_CPU per process and the wall-clock limit."""
+
+    def __init__(self, max_tasks: int | None):
+        self.made: list[Path] = []
+        self.usage: Path | None = None  # cpuacct.usage (v1, nanoseconds) or cpu.stat (v2, usage_usec)
+        self.name = f"evotrainer-{os.getpid()}-{time.monotonic_ns()}"
+        if max_tasks is not None:
+            self._make(CGROUP_V1 / "pids", {"pids.max": str(max_tasks)})
+        if (g := self._make(CGROUP_V1 / "cpuacct", {})) is not None:
+            self.usage = g / "cpuacct.usage"
+        elif (own := _cgroup2_own()) is not None and (g := self._make(own, {})) is not None:
+            self.usage = g / "cpu.stat"
+
+    def _make(self, parent: Path, settings: dict[str, str]) -> Path | None:
+        if not (parent / "cgroup.procs").is_file() or not os.access(parent, os.W_OK):
+            return None
+        _sweep(parent)
+        path = parent / self.name
+        try:
+            path.mkdir()
         except OSError:
-            time.sleep(0.1)
+            return None
+        try:
+            for key, value in settings.items():
+                (path / key).write_text(value)
+        except OSError:
+            path.rmdir()
+            return None
+        self.made.append(path)
+        return path
+
+    def join(self) -> None:
+        """Called in the child between fork and exec: move it into every group (what it starts stays there)."""
+        for path in self.made:
+            with open(path / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the child and everything it started have used so far, or None where nothing counts them."""
+        try:
+            text = self.usage.read_text()  # type: ignore[union-attr]
+            if self.usage.name == "cpuacct.usage":  # type: ignore[union-attr]
+                return int(text) / 1e9
+            return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
+        except (AttributeError, OSError, ValueError, KeyError):
+            return None
+
+    def remove(self) -> None:
+        for path in self.made:
+            for _ in range(50):  # empty once the child's processes are reaped
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
 
-def _limit(limits: Limits, cgroup: Path | None = None) -> Callable[[], None]:
+def _limit(limits: Limits, groups: ChildGroups) -> Callable[[], None]:
     parent = os.getpid()
 
     def apply() -> None:
         os.setsid()  # own process group: a timeout kills the child and anything it started
-        if cgroup is not None:
-            with open(cgroup / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
+        groups.join()
         _die_with_parent(parent)
         mem = limits.memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        cpu = int(limits.cpu_s or 2 * limits.timeout_s)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        cpu = limits.cpu_limit()
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))  # per process; the group's sum: the watchdog
     return apply
 
 
@@ -329,8 +421,9 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     prefix = _isolation_prefix(limits, isolation, cwd)
-    cgroup = _pids_cgroup(limits.max_tasks) if prefix[:1] == ["bwrap"] else None
-    started, cpu = time.time(), None
+    isolated = prefix[:1] == ["bwrap"]
+    groups = ChildGroups(limits.max_tasks if isolated else None)
+    started, reported, cpu_limit = time.time(), None, limits.cpu_limit()
     with open(log_path, "a", buffering=1, errors="replace") as log:  # line by line: `tail -f` follows a long child
         # stderr joins stdout: the parent writes the log, so a flood is capped at limits.log_mb
         # bubblewrap itself gets only the child's few variables: /proc/1/environ inside is bwrap's
@@ -339,23 +432,30 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
         try:
             proc = subprocess.Popen([*prefix, sys.executable, "-m", "evotrainer.trainer.launch", str(lifeline), module,
                                      *args], cwd=str(cwd),
-                                    env=_isolated_env() if prefix[:1] == ["bwrap"] else child_env(),
+                                    env=_isolated_env() if isolated else child_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    text=True, errors="replace", preexec_fn=_limit(limits, cgroup),
+                                    text=True, errors="replace", preexec_fn=_limit(limits, groups),
                                     pass_fds=(lifeline,))
         except BaseException:
             os.close(hold)
+            groups.remove()
             raise
         finally:
             os.close(lifeline)
         # a watchdog, not a check between lines: a silent hung child must be stopped too
-        fired = threading.Event()
+        fired: list[str] = []  # "wall" or "cpu": which limit the watchdog stopped the child at
+        ended = threading.Event()
 
-        def stop() -> None:
-            fired.set()
-            _kill_group(proc)
+        def watch() -> None:
+            deadline = time.monotonic() + limits.timeout_s
+            while not ended.wait(max(0.0, min(0.5, deadline - time.monotonic()))):
+                used = groups.cpu_seconds()
+                if time.monotonic() >= deadline or (used is not None and used > cpu_limit):
+                    fired.append("wall" if time.monotonic() >= deadline else "cpu")
+                    _kill_group(proc)
+                    return
 
-        watchdog = threading.Timer(limits.timeout_s, stop)
+        watchdog = threading.Thread(target=watch, name=f"watchdog-{label}", daemon=True)
         watchdog.start()
         room = limits.log_mb * 1024 * 1024
         try:
@@ -364,7 +464,7 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
                     try:
                         event = json.loads(line[len(PROGRESS_PREFIX):])
                         if isinstance(event, dict) and CPU_KEY in event:
-                            cpu = float(event[CPU_KEY])
+                            reported = float(event[CPU_KEY])
                         elif on_progress:
                             on_progress(event)
                     except (ValueError, TypeError):
@@ -374,35 +474,41 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
                     log.write(line if room > 0 else f"[log capped at {limits.log_mb} MB: the rest is dropped]\n")
             proc.wait()
         finally:
-            watchdog.cancel()
+            ended.set()
+            watchdog.join()
             if proc.poll() is None:
                 _kill_group(proc)
             os.close(hold)
-            _remove_cgroup(cgroup)
-        timed_out = fired.is_set()
+            measured = groups.cpu_seconds()
+            groups.remove()
     rc = proc.returncode
-    if prefix[:1] == ["bwrap"] and cpu is not None and cpu > 0:
+    # what RUSAGE_CHILDREN misses (bubblewrap's PID namespace): the group's count, else the child's own report
+    cpu = measured if measured is not None else reported
+    if isolated and cpu is not None and cpu > 0:
         with _cpu_lock:
             _isolated_cpu[0] += cpu
-    if prefix[:1] == ["bwrap"] and rc is not None and rc > 128:
+    if isolated and rc is not None and rc > 128:
         rc = -(rc - 128)  # bubblewrap reports a child killed by signal N as exit status 128 + N
     tail = _tail(log_path)
     seconds = round(time.time() - started, 2)
-    if timed_out:
-        return ChildResult(ok=False, reason="timeout", returncode=rc, seconds=seconds, log_tail=tail,
-                           message=f"{label}: timed out after {limits.timeout_s:.0f}s")
+    result = dict(returncode=rc, seconds=seconds, log_tail=tail, cpu_seconds=None if cpu is None else round(cpu, 2))
+    if fired == ["cpu"] or rc == -signal.SIGXCPU:  # the group's sum, or one process's RLIMIT_CPU
+        return ChildResult(ok=False, reason="timeout", **result,
+                           message=f"{label}: timed out: used its {cpu_limit} CPU seconds (in {seconds:.0f} s)")
+    if fired:
+        spent = "" if cpu is None else f", having used {cpu:.0f} CPU seconds of its {cpu_limit}"
+        return ChildResult(ok=False, reason="timeout", **result,
+                           message=f"{label}: timed out after {limits.timeout_s:.0f}s{spent}")
     if rc == 0:
-        return ChildResult(ok=True, reason="ok", returncode=0, seconds=seconds, log_tail=tail)
+        return ChildResult(ok=True, reason="ok", **result)
     if rc < 0:
         sig = signal.Signals(-rc).name
         reason = "memory" if -rc == signal.SIGKILL and "MemoryError" in tail else "crash"
-        return ChildResult(ok=False, reason=reason, returncode=rc, seconds=seconds, log_tail=tail,
-                           message=f"{label}: killed by {sig}")
+        return ChildResult(ok=False, reason=reason, **result, message=f"{label}: killed by {sig}")
     if "MemoryError" in tail or "std::bad_alloc" in tail or "DefaultCPUAllocator: can't allocate" in tail:
-        return ChildResult(ok=False, reason="memory", returncode=rc, seconds=seconds, log_tail=tail,
+        return ChildResult(ok=False, reason="memory", **result,
                            message=f"{label}: exceeded its memory limit of {limits.memory_mb} MB")
-    return ChildResult(ok=False, reason="error", returncode=rc, seconds=seconds, log_tail=tail,
-                       message=f"{label}: {_last_error(tail)}")
+    return ChildResult(ok=False, reason="error", **result, message=f"{label}: {_last_error(tail)}")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -356,7 +356,7 @@ def score_in_child(harness_dir: Path, evidence: Path, generation: int | None, br
                       thresholds=thresholds or {}, sealed_columns=list(getattr(domain, "evidence_columns", ())),
                       result_path="")
     scores = jobs.call_child("evotrainer.trainer.backtest.replay", spec, ReplayScores, work=work, name="replay",
-                             cwd=harness_dir, limits=Limits(timeout_s=600, memory_mb=8000), label=label,
+                             cwd=harness_dir, limits=Limits.by_cpu(1200, memory_mb=8000), label=label,
                              read=[str(harness_dir), str(evidence)])
     return spec, scores
 

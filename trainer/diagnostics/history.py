@@ -116,7 +116,7 @@ def validate_on_history(harness_dir: str | Path, slices: list[Slice], *, evidenc
     spec = HistorySpec(harness_dir=str(harness_dir), evidence_root=str(evidence), slices=slices, only=only,
                        thresholds=thresholds, result_path="")
     return jobs.call_child("evotrainer.trainer.diagnostics.history", spec, AnalyzerValidation, work=work,
-                           name="history", cwd=harness_dir, limits=Limits(timeout_s=600, memory_mb=8000),
+                           name="history", cwd=harness_dir, limits=Limits.by_cpu(1200, memory_mb=8000),
                            label=f"validation of the analyzers in {harness_dir}",
                            read=[str(harness_dir), str(evidence)])
 

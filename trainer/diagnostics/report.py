@@ -137,7 +137,7 @@ def health_report(path: str | Path, generation: int | None = None, branch: str |
     child = spec.model_copy(update={"harness_dir": str(harness_dir)})
     own = jobs.call_child("evotrainer.trainer.diagnostics.report", child, HealthReport,
                           work=Path(work_dir or root.parent), name=name, cwd=harness_dir,
-                          limits=Limits(timeout_s=300, memory_mb=8000),
+                          limits=Limits.by_cpu(600, memory_mb=8000),
                           label="health report with the harness's own analyzers", read=[str(harness_dir), str(root)])
     findings = report.findings + own.findings
     return report.model_copy(update={"findings": findings, "failed_gates": sorted({f.analyzer for f in findings
