@@ -172,6 +172,13 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
             "vs_hpo": (search_effect(comparison) or [None])[:3], "seconds": round(time.time() - started)}
 
 
+def _unknown(pairs: list[dict], note: str = "") -> str:
+    """How many promoted repairs could not be checked (the champion's last evidence unreadable): counted as not
+    repaired, and said."""
+    n = sum(1 for x in pairs if x["generation"] is not None and x.get("analyzer_silent_at_end", False) is None)
+    return f" ({n} promoted, evidence unreadable{note})" if n else ""
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| harness | defect: evidence -> repair | repaired (seeds) | generation | reference still shows it | "
              "sealed test EvoTrainer / reference / hpo | EvoTrainer - reference [95%] | EvoTrainer - hpo [95%] | "
@@ -180,7 +187,7 @@ def table(rows: list[dict]) -> str:
         s = r["seeds"]
         per = [[x["defects"][k] for x in s] for k in range(len(r["defects"]))]  # per defect, its seeds
         defects = "; ".join(f"`{d['analyzer']}` -> `{d['repair']}`" for d in r["defects"]) or "-"
-        repaired = "; ".join(f"{sum(x['repaired'] for x in d)}/{len(d)}" for d in per) or "-"
+        repaired = "; ".join(f"{sum(x['repaired'] for x in d)}/{len(d)}" + _unknown(d) for d in per) or "-"
         gens = "; ".join(", ".join(str(x["generation"]) for x in d if x["generation"] is not None) or "-"
                          for d in per) or "-"
         ref = "; ".join(f"{sum(bool(x['reference_analyzer_fires']) for x in d)}/{len(d)}" for d in per) or "-"
@@ -197,7 +204,8 @@ def table(rows: list[dict]) -> str:
     wins = sum(1 for r in flawed if r["vs_reference"] and r["vs_reference"][1] > 0)
     lines += ["", "A harness with two defects has one entry per defect in the defect, repaired, generation and "
                   "reference columns, in the order of its README.", "",
-              f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs; "
+              f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs"
+              f"{_unknown(pairs, ', not counted')}; "
               f"EvoTrainer above the reference with the interval's lower bound > 0 on {wins} of {len(flawed)} "
               f"flawed harnesses; invalid promotions: {sum(x['invalid'] for r in flawed for x in r['seeds'])}."]
     return "\n".join(lines)

@@ -94,7 +94,38 @@ def test_the_repair_table_counts_every_defect_of_a_harness_and_reads_the_first_f
            "evotrainer": 0.5, "reference": 0.45, "hpo": 0.47, "vs_reference": [0.05, 0.01, 0.09], "vs_hpo": None}
     md = repair.table([row])
     assert "| 2/3; 1/3 | 1, 1; 2 | 3/3; 3/3 |" in md
-    assert "Defects repaired in 3 of 6 (defect, seed) pairs" in md and "lower bound > 0 on 1 of 1" in md
+    assert "Defects repaired in 3 of 6 (defect, seed) pairs;" in md and "lower bound > 0 on 1 of 1" in md
+    # a repair promoted on a seed whose champion evidence could not be read: not counted, and said
+    row["seeds"][2]["defects"][0].update(generation=2, analyzer_silent_at_end=None)
+    md = repair.table([row])
+    assert "| 2/3 (1 promoted, evidence unreadable); 1/3 | 1, 1, 2; 2 |" in md
+    assert "Defects repaired in 3 of 6 (defect, seed) pairs (1 promoted, evidence unreadable, not counted);" in md
+
+
+def test_an_unreadable_champion_segment_is_unknown_and_not_kept(tmp_path, monkeypatch):
+    """The check that the analyzer is silent at the end of the champion's line: where that evidence cannot be read,
+    the answer is unknown (not silent, which would count the defect repaired), and nothing is kept, so that a
+    later run with the evidence readable answers it."""
+    repair = _repair_benchmark()
+    for d in ("runs/evotrainer-s1/evidence", "static/reference-s1/evidence"):
+        (tmp_path / d).mkdir(parents=True)
+    monkeypatch.setattr(repair, "last_segment", lambda run: (2, "control"))
+    readable = {"champion": False}
+
+    def fires(evidence_dir, generation, branch, harness, analyzer, work):
+        if "evotrainer-s1" in str(evidence_dir):
+            return False if readable["champion"] else None  # silent when readable; unreadable: None
+        return True
+
+    monkeypatch.setattr(repair, "fires", fires)
+    harness = FLAWED / "math" / "low_lr"
+    assert repair.evidence_checks(tmp_path, 1, harness, ["update_size"]) == {"update_size": (None, True)}
+    assert not (tmp_path / "repair" / "s1.json").exists()
+    readable["champion"] = True
+    assert repair.evidence_checks(tmp_path, 1, harness, ["update_size"]) == {"update_size": (True, True)}
+    kept = json.loads((tmp_path / "repair" / "s1.json").read_text())
+    assert kept == {"segment": [2, "control"], "analyzers": {"update_size": {"silent_at_end": True,
+                                                                             "reference_fires": True}}}
 
 
 def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
