@@ -357,10 +357,16 @@ class ChildGroups:
         return path
 
     def join(self) -> None:
-        """Called in the child between fork and exec: move it into every group (what it starts stays there)."""
+        """Called in the child between fork and exec: move it into every group (what it starts stays there). The
+        pids group is a cap, so a failed move fails the start; the accounting group is a count, and a failed move
+        only leaves it at zero (RLIMIT_CPU and the wall clock still hold)."""
         for path in self.made:
-            with open(path / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
+            try:
+                with open(path / "cgroup.procs", "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                if path.parent.name == "pids":
+                    raise
 
     def cpu_seconds(self) -> float | None:
         """CPU seconds the child and everything it started have used so far, or None where nothing counts them."""
