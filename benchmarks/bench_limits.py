@@ -5,6 +5,9 @@
 Prints, over `--repeats` runs, the median and worst wall time of:
 - a child under `sandbox.run_module` that sleeps forever, with a 2-s timeout: only the watchdog can end it (it
   spends no CPU time), so the overshoot beyond 2 s is the watchdog's reaction plus the process group's teardown;
+- a child that burns CPU in two processes, under a 2-CPU-second limit of the whole child (`Limits.cpu_s`, counted
+  by its cgroup where one can be made): the CPU seconds it had used when stopped (the overshoot is the watchdog's
+  half-second poll times the cores it ran on) and the wall time;
 - a program in the program sandbox (`execution.run_functions`) that loops forever, with a 1-s timeout, beside an
   honest one: the worker's kill, as the program's own `seconds` and as the caller's wall time.
 
@@ -46,6 +49,20 @@ def watchdog(repeats: int, timeout_s: float = 2.0) -> list[float]:
     return times
 
 
+def cpu_limit(repeats: int, cpu_s: int = 2) -> tuple[list[float], list[float]]:
+    used, times = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "burn.py").write_text("import os\nos.fork()\nwhile True:\n    pass\n")
+        for i in range(repeats):
+            t = time.perf_counter()
+            res = run_module("burn", [], cwd=root, log_path=root / f"log{i}", limits=Limits(cpu_s=cpu_s, timeout_s=60))
+            times.append(time.perf_counter() - t)
+            assert res.reason == "timeout" and "CPU seconds" in res.message, res
+            used.append(res.cpu_seconds if res.cpu_seconds is not None else float("nan"))
+    return used, times
+
+
 def program_timeout(repeats: int, timeout_s: float = 1.0) -> tuple[list[float], list[float]]:
     run_functions([HONEST], [[[1]]])  # start the workers once, as a grading run does
     own, wall = [], []
@@ -64,6 +81,8 @@ def main() -> None:
     args = ap.parse_args()
     apply_offline_switches()
     print(f"sandbox watchdog, 2-s timeout on a sleeping child:   {spread(watchdog(args.repeats))}")
+    used, wall = cpu_limit(args.repeats)
+    print(f"sandbox CPU limit, 2 CPU s on two busy processes:    CPU used {spread(used)}; wall {spread(wall)}")
     own, wall = program_timeout(args.repeats)
     print(f"program sandbox, 1-s timeout on an endless loop:     program {spread(own)}; "
           f"batch of 3 (caller) {spread(wall)}")
