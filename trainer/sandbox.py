@@ -455,9 +455,9 @@ def run_module(module: str, args: list[str], *, cwd: str | Path, log_path: str |
         def watch() -> None:
             deadline = time.monotonic() + limits.timeout_s
             while not ended.wait(max(0.0, min(0.5, deadline - time.monotonic()))):
-                used = groups.cpu_seconds()
-                if time.monotonic() >= deadline or (used is not None and used > cpu_limit):
-                    fired.append("wall" if time.monotonic() >= deadline else "cpu")
+                used, late = groups.cpu_seconds(), time.monotonic() >= deadline
+                if late or (used is not None and used > cpu_limit):
+                    fired.append("wall" if late else "cpu")  # one reading: the message names the limit that fired
                     _kill_group(proc)
                     return
 
