@@ -38,7 +38,7 @@ from evotrainer.graph.events import EventLog
 from evotrainer.graph.lessons import lesson_of
 from evotrainer.graph.state import CandidateState, GenerationRecord, LoopState
 from evotrainer.memory.distill import MERGE_SIMILARITY, distill, trigger_of
-from evotrainer.memory.prior import prior_for, priors_for
+from evotrainer.memory.prior import applied_again, prior_for, priors_for
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import arm_tag, backtest_all
@@ -191,6 +191,10 @@ class Loop:
                                     status=r.status, effect=r.effect, reason=r.reason))
         return out
 
+    def applied(self) -> dict[str, int]:
+        """The catalog transforms promoted on the champion's line, each with the generation of its last promotion."""
+        return {e.transform: e.generation for e in self.lineage() if e.status == "promoted" and e.transform}
+
     def plan(self, state: LoopState) -> dict:
         g, ws = state.generation, self.ws
         trigger = trigger_of(state.findings, state.diagnosis.summary)
@@ -199,7 +203,9 @@ class Loop:
         head = ws.harness.head("main")
         tried = sorted({r.factor for r in ws.harness.lineage() if r.parent == head and r.factor})
         # what memory measured of each change, in any run and domain: the Planner's expected gains
-        priors = priors_for(self.store, list(CATALOG), self.rule.prior_sd, self.cfg.domain) \
+        applied = self.applied()
+        priors = {t: applied_again(p, applied[t], self.rule.prior_sd) if t in applied else p
+                  for t, p in priors_for(self.store, list(CATALOG), self.rule.prior_sd, self.cfg.domain).items()} \
             if self.cfg.loop.skill_memory else {}
         plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
                                         diagnosis=state.diagnosis, findings=state.findings, skills=hits,
@@ -307,12 +313,14 @@ class Loop:
     # -- critique ------------------------------------------------------------------------------
     def critique(self, state: LoopState) -> dict:
         g, ws = state.generation, self.ws
-        verdicts = []
+        verdicts, applied = [], self.applied()
         for cand in state.candidates:
             bt = cand.backtest
             iv = cand.intervention  # the prior: what memory measured of the same change (empirical Bayes)
             prior = prior_for(self.store, iv.transform, iv.factor, self.rule.prior_sd, self.cfg.domain) \
                 if self.cfg.loop.skill_memory else None
+            if prior and iv.transform in applied:
+                prior = applied_again(prior, applied[iv.transform], self.rule.prior_sd)
             v = judge(iv, bt, self.rule, cand.error, prior)
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(CritiqueInput(verdict=v, intervention=iv, backtest=bt,

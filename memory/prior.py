@@ -77,6 +77,16 @@ def prior_for(store: SkillStore, transform: str | None, factor: str, default_sd:
     return combine([v for s in skills for v in s.validations], default_sd, domain)
 
 
+def applied_again(prior: Prior, generation: int, sd: float) -> Prior:
+    """The prior for a change the champion's line already promoted (in `generation`), tested once more: memory's
+    measurements of it (this very promotion among them) are of its first application and say nothing of going
+    further the same way, so the next test is judged on its own evidence under N(0, sd^2). Without this a second
+    learning-rate raise inherited the first one's +0.032 and read its measured -0.035 as +0.002."""
+    return Prior(mean=0.0, sd=sd, n=0, source=f"{UNMEASURED} of applying it again (promoted on this line in "
+                                              f"generation {generation}; memory's {prior.n} test(s) measured its "
+                                              f"first application): N(0, {sd:g}^2)")
+
+
 def expected_gain(prior: Prior) -> float:
     """What testing the change is expected to gain: E[max(effect, 0)] under the prior (the expected improvement of
     Bayesian optimisation), since a test that finds a loss is rejected and costs only its compute. A change memory

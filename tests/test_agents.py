@@ -549,6 +549,66 @@ def test_dr_grpo_objective_is_one_change_and_exploration_never_undoes_a_promotio
     assert "loss_type" in [iv.transform for iv in found.interventions]
 
 
+def test_a_promoted_change_is_not_proven_again_on_its_own_line(tmp_path):
+    """The lesson a promotion leaves is about that first application. On the line that promoted the learning rate
+    its positive skill no longer ranks a second raise first and, with no finding, exploration leaves the knob alone;
+    a finding that calls for it reopens it. The loop's priors, the Planner's and the Critic's, turn vague for it."""
+    from evotrainer.graph.events import EventLog
+    from evotrainer.graph.nodes import Loop
+    from evotrainer.graph.state import CandidateState, LoopState
+    from evotrainer.memory.prior import UNMEASURED
+    from evotrainer.workspaces.run import RunWorkspace
+
+    policy = OfflinePolicy()
+    diag = Diagnosis(generation=2, summary="no analyzer reports a problem")
+    first = apply("learning_rate", TEMPLATE, [])
+    champion = {**TEMPLATE, **first.files}
+    store = SkillStore(tmp_path / "skills", "hashing")
+    won = Verdict(branch="cand/g1-learning-rate", decision="promote", effect=0.032, ci_low=0.01, ci_high=0.054)
+    distill(store, lesson_of(policy._intervention(1, CATALOG["learning_rate"], first, []), won, "math",
+                             findings=[], diagnosis=diag.summary, run="r1", commit="lr"))
+    trigger = trigger_of([], diag.summary)
+    hits = store.query(trigger.text, k=10, domain="math", analyzers=trigger.analyzers)
+    inp = PlanInput(generation=2, domain="math", k=20, diagnosis=diag, findings=[], files=champion, skills=hits)
+    assert policy.plan(inp).interventions[0].transform == "learning_rate"  # another line's lesson: proven
+    promoted = LineageEntry(generation=1, branch="cand/g1-learning-rate", factor="recipe.learning_rate",
+                            transform="learning_rate", status="promoted", effect=0.032)
+    again = policy.plan(inp.model_copy(update={"lineage": [promoted]}))
+    assert again.interventions and "learning_rate" not in [iv.transform for iv in again.interventions]
+    assert "learning_rate not explored: it would change learning_rate" in again.rationale
+    small = F("update_size", "median_update_ratio", 1.1e-4, "critical")
+    called = policy.plan(inp.model_copy(update={"lineage": [promoted], "findings": [small]}))
+    assert "learning_rate" in [iv.transform for iv in called.interventions]
+
+    # the loop: memory's N(+0.032, ...) before the promotion, the vague prior once the line holds it
+    ws = RunWorkspace.create(tmp_path / "run", "math")
+    loop = Loop(ws, policy, store, EventLog(ws.path / "events.jsonl"))
+    iv = policy._intervention(2, CATALOG["learning_rate"], apply("learning_rate", champion, []), [])
+    path = tmp_path / "backtest.json"
+    path.write_text(_backtest(0.012, -0.008, 0.032, branch="cand/g2-learning-rate").model_dump_json())
+    cand = CandidateState(intervention=iv, branch="cand/g2-learning-rate", backtest=str(path))
+
+    def judged():
+        v = loop.critique(LoopState(findings=[], diagnosis=diag, candidates=[cand]))["candidates"][0].verdict
+        return v, loop.plan(LoopState(findings=[], diagnosis=diag))["plan"]
+
+    before, _ = judged()
+    assert before.prior.startswith("1 measured backtest(s)") and before.decision == "promote"
+    repo = ws.harness
+    branch, wt = repo.create_candidate(1, "learning-rate", ws.path / "worktrees")
+    repo.write_files(wt, first.files)
+    repo.commit(wt, "raise the learning rate", intervention_id="g1-learning_rate", hypothesis="h",
+                factor="recipe.learning_rate", generation=1)
+    record = VerdictRecord(**won.model_dump(), intervention=iv.model_copy(update={"id": "g1-learning_rate"}),
+                           generation=1)
+    record.save(ws.verdict_path(branch))
+    repo.promote(branch, 1, record.model_dump())
+    assert loop.applied() == {"learning_rate": 1}
+    after, plan = judged()
+    assert after.prior.startswith(f"{UNMEASURED} of applying it again") and after.decision == "inconclusive"
+    assert "learning_rate" not in [iv.transform for iv in plan.interventions]
+
+
 def test_a_leak_gate_puts_closing_the_leak_first():
     """On a multi-turn harness whose champion leans on a tool the sealed evaluation lacks, the offline planner's
     first intervention removes that tool from env.py."""

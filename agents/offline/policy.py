@@ -84,6 +84,9 @@ class OfflinePolicy:
         # the knobs promotions set on this lineage: exploration does not undo them, only a finding reopens one
         promoted = {k: e.transform for e in inp.lineage if e.status == "promoted" and e.transform in CATALOG
                     for k in CATALOG[e.transform].knobs}
+        # a positive lesson of a change this lineage promoted is the lesson of that promotion: it does not prove that
+        # applying the change again gains (a second learning-rate raise is a new change; only a finding calls for it)
+        applied = {e.transform for e in inp.lineage if e.status == "promoted"}
         scored, undo = [], []
         for t in CATALOG.values():
             if t.kind == "diagnostics":
@@ -103,6 +106,8 @@ class OfflinePolicy:
             for hit in inp.skills:
                 sk = hit.skill
                 if sk.transform != t.id:
+                    continue
+                if sk.outcome == "positive" and t.id in applied:
                     continue
                 if sk.outcome == "positive":
                     proven = True
