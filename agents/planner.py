@@ -1,10 +1,11 @@
 """What any Planner may propose: the one filter both meta-policies put their plan through.
 
-An intervention is dropped when its factor was already tried on this champion commit, when an earlier one of the
-same plan changes the same factor (single-factor candidates: one per factor and generation), or when skill memory
-records the same change as negative under the same diagnosis (blocked by a gate, or measured harmful; an
-inconclusive skill is neither a reason to repeat a change nor one to avoid it). The Planner's ranking, offline or
-LLM, decides the order; this filter only removes, and the plan is cut to K after it.
+An intervention is dropped when its factor was already tried on this champion commit (`PlanInput.tried`, where
+the loop leaves out a factor whose one test there was inconclusive with a positive estimate: it may be tested again),
+when an earlier one of the same plan changes the same factor (single-factor candidates: one per factor and
+generation), or when skill memory records the same change as negative under the same diagnosis (blocked by a gate,
+or measured harmful; an inconclusive skill is neither a reason to repeat a change nor one to avoid it). The Planner's
+ranking, offline or LLM, decides the order; this filter only removes, and the plan is cut to K after it.
 """
 
 from __future__ import annotations

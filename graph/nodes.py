@@ -43,9 +43,23 @@ from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import arm_tag, backtest_all
 from evotrainer.trainer.evidence import adopt, read_rollouts
+from evotrainer.workspaces.repo import BranchRecord
 from evotrainer.workspaces.run import RunWorkspace
 
 SAMPLES = 6
+
+
+def tried_on(lineage: list[BranchRecord], head: str) -> list[str]:
+    """The factors tried on the champion commit `head`, which the Planner may not propose again, less one whose only
+    test there was inconclusive with a positive estimate: that one may be tested once more, from the main line's
+    later checkpoint with arms of its own, and memory's prior pools the two measurements (the first is in the
+    store), so a promising change is extended until its answer is clear instead of dropped after one short run."""
+    tests: dict[str, list[BranchRecord]] = {}
+    for r in lineage:
+        if r.parent == head and r.factor:
+            tests.setdefault(r.factor, []).append(r)
+    return sorted(f for f, rs in tests.items()
+                  if not (len(rs) == 1 and rs[0].status == "inconclusive" and (rs[0].effect or 0.0) > 0))
 
 
 class Loop:
@@ -201,7 +215,7 @@ class Loop:
         hits = self.store.query(trigger.text, k=10, domain=self.cfg.domain, analyzers=trigger.analyzers) \
             if self.cfg.loop.skill_memory else []
         head = ws.harness.head("main")
-        tried = sorted({r.factor for r in ws.harness.lineage() if r.parent == head and r.factor})
+        tried = tried_on(ws.harness.lineage(), head)
         # what memory measured of each change, in any run and domain: the Planner's expected gains
         applied = self.applied()
         priors = {t: applied_again(p, applied[t], self.rule.prior_sd) if t in applied else p

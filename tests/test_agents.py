@@ -609,6 +609,25 @@ def test_a_promoted_change_is_not_proven_again_on_its_own_line(tmp_path):
     assert "learning_rate" not in [iv.transform for iv in plan.interventions]
 
 
+def test_a_promising_inconclusive_change_may_be_tested_once_more_on_the_same_champion():
+    """Factors tried on the champion are not proposed again, except one whose only test there was inconclusive with
+    a positive estimate (extended, its evidence pooled by the prior): not a harmful-looking one, not a third time,
+    and a promotion (a new champion commit) opens every factor again."""
+    from evotrainer.graph.nodes import tried_on
+    from evotrainer.workspaces.repo import BranchRecord
+
+    def rec(gen, factor, status, effect, parent="c1"):
+        return BranchRecord(branch=f"cand/g{gen}-{factor}", generation=gen, parent=parent, head=f"h{gen}{factor}",
+                            factor=factor, status=status, effect=effect)
+
+    lineage = [rec(1, "recipe.limit", "inconclusive", 0.011), rec(1, "recipe.temperature", "inconclusive", -0.004),
+               rec(1, "reward.format", "rejected", 0.02), rec(1, "recipe.group", "open", None)]
+    assert tried_on(lineage, "c1") == ["recipe.group", "recipe.temperature", "reward.format"]
+    again = [*lineage, rec(2, "recipe.limit", "inconclusive", 0.009)]
+    assert "recipe.limit" in tried_on(again, "c1")  # tested twice on this champion: settled for now
+    assert tried_on(again, "c2") == []  # a new champion: nothing tried on it yet
+
+
 def test_a_leak_gate_puts_closing_the_leak_first():
     """On a multi-turn harness whose champion leans on a tool the sealed evaluation lacks, the offline planner's
     first intervention removes that tool from env.py."""
