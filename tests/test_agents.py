@@ -628,6 +628,31 @@ def test_a_promising_inconclusive_change_may_be_tested_once_more_on_the_same_cha
     assert tried_on(again, "c2") == []  # a new champion: nothing tried on it yet
 
 
+def test_the_loop_plans_a_promising_inconclusive_repair_again(tmp_path):
+    """Through the loop: the repair a finding calls for, inconclusive at +0.011 in generation 1, is planned again in
+    generation 2 on the same champion; inconclusive at -0.004 it is not."""
+    from evotrainer.graph.events import EventLog
+    from evotrainer.graph.nodes import Loop
+    from evotrainer.graph.state import LoopState
+    from evotrainer.workspaces.run import RunWorkspace
+
+    small = [F("update_size", "median_update_ratio", 1.1e-4, "critical")]
+    diag = Diagnosis(generation=2, summary="updates too small")
+    policy = OfflinePolicy()
+    change = apply("learning_rate", TEMPLATE, small)
+    for effect, planned in ((0.011, True), (-0.004, False)):
+        ws = RunWorkspace.create(tmp_path / f"run{effect}", "math")
+        loop = Loop(ws, policy, SkillStore(tmp_path / f"skills{effect}", "hashing"), EventLog(ws.path / "ev.jsonl"))
+        repo = ws.harness
+        branch, wt = repo.create_candidate(1, "learning-rate", ws.path / "worktrees")
+        repo.write_files(wt, change.files)
+        repo.commit(wt, "raise the learning rate", intervention_id="g1-learning_rate", hypothesis="h",
+                    factor="recipe.learning_rate", generation=1)
+        repo.reject(branch, 1, "inconclusive", {"effect": effect}, inconclusive=True)
+        plan = loop.plan(LoopState(generation=2, findings=small, diagnosis=diag))["plan"]
+        assert ("learning_rate" in [iv.transform for iv in plan.interventions]) == planned, plan.rationale
+
+
 def test_a_leak_gate_puts_closing_the_leak_first():
     """On a multi-turn harness whose champion leans on a tool the sealed evaluation lacks, the offline planner's
     first intervention removes that tool from env.py."""
