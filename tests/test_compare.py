@@ -4,6 +4,7 @@ command (tiny policy, the `smoke` budget) that resumes instead of recomputing.""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -200,9 +201,59 @@ def test_processes_running_one_comparison_share_its_cells(tmp_path):
                   tmp_path / "warm", "cmd")
     other = two.cell_path("dr_grpo", 0)
     with FileLock(other.with_suffix(".lock")):
-        assert two._seed(0, wait=False) is None
+        assert two._seed(0) is None
     other.write_text(done.model_copy(update={"arm": "dr_grpo"}).model_dump_json())
-    assert [c.arm for c in two._seed(0, wait=False)] == ["reference", "dr_grpo"]
+    assert [c.arm for c in two._seed(0)] == ["reference", "dr_grpo"]
+
+
+def test_a_process_computes_every_free_cell_before_it_waits_for_a_held_one(tmp_path, monkeypatch):
+    """Another process computes a seed's EvoTrainer cell, then takes its reference cell: this process, which found
+    the seed held on its first pass, computes the seed's free `hpo` cell meanwhile instead of waiting, idle, on the
+    held reference (as it did: one core unused for half an hour of a benchmark), then waits for it and returns the
+    seed's cells in order, the other process's read from their files."""
+    import threading
+
+    from filelock import FileLock
+
+    from evotrainer.compare import Compare, execution
+
+    monkeypatch.setattr(execution, "POLL_S", 0.05)
+    budget = BUDGETS["smoke"].model_copy(update={"k": 0})
+    cmp = Compare(tmp_path, starting_harness("math"), [0], ["evotrainer", "reference", "hpo"], budget, "smoke",
+                  tmp_path / "warm", "cmd")
+    computed: list[str] = []
+
+    def finished(arm: str) -> Cell:
+        c = Cell(arm=arm, seed=0, checkpoint="/x", main_steps=2, total_steps=4, cpu_seconds=1, wall_seconds=1,
+                 test_accuracy=0.5, test_avg_at_k=0.5, item_ids=["a"], greedy_correct=[True])
+        cmp.cell_path(arm, 0).write_text(c.model_dump_json())
+        return c
+
+    def cell(arm, seed, main_steps, total_steps=None):  # as `Compare.cell`: one on file is read, else computed
+        if cmp.cell_path(arm, seed).is_file():
+            return Cell.model_validate_json(cmp.cell_path(arm, seed).read_text())
+        computed.append(arm)
+        return finished(arm)
+
+    monkeypatch.setattr(cmp, "cell", cell)
+    cmp.cell_path("evotrainer", 0).parent.mkdir(parents=True)
+    evo, ref = (FileLock(cmp.cell_path(a, 0).with_suffix(".lock")) for a in ("evotrainer", "reference"))
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(cmp.cells()), daemon=True)
+    with evo:  # the other process computes the EvoTrainer cell
+        worker.start()
+        time.sleep(0.3)
+        assert computed == []  # nothing of the seed can be computed before its EvoTrainer cell
+        finished("evotrainer")
+        ref.acquire()  # and goes on to the reference cell
+    deadline = time.time() + 10
+    while not computed and time.time() < deadline:
+        time.sleep(0.05)
+    assert computed == ["hpo"] and worker.is_alive()  # the free cell done, the held one awaited
+    finished("reference")
+    ref.release()
+    worker.join(timeout=10)
+    assert [c.arm for c in out[0]] == ["evotrainer", "reference", "hpo"] and computed == ["hpo"]
 
 
 def test_a_cell_that_no_longer_fits_its_evotrainer_cell_is_stale(tmp_path):

@@ -33,6 +33,8 @@ from evotrainer.compare.report import write_report
 from evotrainer.compare.results import Cell, Comparison, summarize
 from evotrainer.workspaces.source import StartingHarness
 
+POLL_S = 2.0  # how often a process whose remaining cells are all held by others looks again
+
 
 def _cpu() -> float:
     """CPU seconds of this process and its children: those that ran in bubblewrap report their own at their end."""
@@ -274,26 +276,38 @@ class Compare:
         except Timeout:
             return None
 
-    def _seed(self, seed: int, wait: bool) -> list[Cell] | None:
-        """One seed's cells, EvoTrainer's first (the others match its steps). Without `wait`, every cell no other
-        process holds is computed and None is returned when one is held, so that the caller moves on to another
-        seed's free cells before it waits for this one's."""
+    def _seed(self, seed: int) -> list[Cell] | None:
+        """One seed's cells, EvoTrainer's first (the others match its steps): every one no other process holds is
+        computed (or read), and None is returned while one is held or not computable yet."""
         main, total, cells = None, None, []
         if "evotrainer" in self.arms:
-            evo = self.locked_cell("evotrainer", seed, 0, wait=wait)
+            evo = self.locked_cell("evotrainer", seed, 0, wait=False)
             if evo is None:
                 return None
             cells.append(evo)
             main, total = evo.main_steps, evo.total_steps
         if main is None:  # no EvoTrainer arm: the champion line's length without promotions
             main = self.budget.generations * self.loop_config().train_steps
-        rest = [self.locked_cell(a, seed, main, total, wait=wait) for a in self.arms if a != "evotrainer"]
+        rest = [self.locked_cell(a, seed, main, total, wait=False) for a in self.arms if a != "evotrainer"]
         return None if None in rest else cells + rest
+
+    def cells(self) -> list[Cell]:
+        """Every cell, seed by seed. Pass after pass over the seeds, each computing every cell no other process
+        holds; only when the rest are all held does this process wait, a poll at a time. (Waiting on the first held
+        cell instead left a free one undone: a process blocked on another's `reference` cell while the `hpo` cell
+        behind it waited for that same process, one core idle for half an hour of a benchmark.)"""
+        done: dict[int, list[Cell]] = {}
+        while True:
+            for seed in self.seeds:
+                if seed not in done and (got := self._seed(seed)) is not None:
+                    done[seed] = got
+            if len(done) == len(self.seeds):
+                return [c for seed in self.seeds for c in done[seed]]
+            time.sleep(POLL_S)
 
     def run(self) -> Comparison:
         started = time.time()
-        by_seed = {seed: self._seed(seed, wait=False) for seed in self.seeds}
-        cells = [c for seed in self.seeds for c in (by_seed[seed] or self._seed(seed, wait=True))]
+        cells = self.cells()
         start = self._test(self.start, 0, self.out / "start")  # cached beside the checkpoint
         comparison = Comparison(domain=self.domain, harness=None if self.harness.template else str(self.harness.path),
                                 harness_digest=self.harness.digest,
