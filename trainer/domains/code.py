@@ -36,6 +36,7 @@ import ast
 import gzip
 import json
 import random
+import warnings
 from functools import cache
 
 from evotrainer.trainer.domains.base import Grade, Task, prompt_hash, split_of
@@ -151,7 +152,9 @@ def program(completion: str, fmt: str, prompt: str = "") -> str | None:
     if not expr or "\n" in expr:
         return None
     try:
-        ast.parse(expr, mode="eval")
+        with warnings.catch_warnings():  # `2if x else 1` parses, with a SyntaxWarning that the orchestrator (which
+            warnings.simplefilter("ignore", SyntaxWarning)  # grades the evidence) would print into its log
+            ast.parse(expr, mode="eval")
     except (SyntaxError, ValueError):
         return None
     return f"def f(x):\n    return {expr}\n"
