@@ -107,19 +107,6 @@ def test_sealed_scorer_grades_hidden_tests_not_visible_ones():
     assert not d.score("__import__('os').getcwd()", t.answer, "expr")
 
 
-def test_a_completion_that_parses_with_a_warning_is_graded_quietly():
-    """`x*2if x else 1` is a Python 3.11 expression that the tokenizer warns about ('invalid decimal literal'): it is
-    graded as a program, and no warning reaches the grading process's log."""
-    import warnings
-
-    from evotrainer.trainer.domains.code import program
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert program("x*2if x else 1", "expr") == "def f(x):\n    return x*2if x else 1\n"
-    assert not [w for w in caught if issubclass(w.category, SyntaxWarning)]
-
-
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_score_zero():
     d = get_domain("code")
     tasks = d.tasks("humaneval")

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -358,8 +359,10 @@ def grade_evidence(spec: TrainSpec, domain, tasks: dict) -> int:
             r.update(run=spec.run, generation=spec.generation, branch=spec.branch, harness_commit=spec.harness_commit,
                      checkpoint=spec.checkpoint_id)
         ts = [tasks[r["prompt_id"]] for r in rows]
-        grades = grade_all(domain, [r["completion"] for r in rows], [t.answer for t in ts], [t.fmt for t in ts],
-                           [t.prompt for t in ts])
+        with warnings.catch_warnings():  # a completion such as `2if x else 1` parses, with a SyntaxWarning the
+            warnings.simplefilter("ignore", SyntaxWarning)  # orchestrator would print into its log for every run
+            grades = grade_all(domain, [r["completion"] for r in rows], [t.answer for t in ts], [t.fmt for t in ts],
+                               [t.prompt for t in ts])
         for r, g in zip(rows, grades):
             r.update(correct=g.correct, formatted=g.formatted, **g.columns)
         dest.add_rollouts(rows)
