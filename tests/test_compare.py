@@ -199,11 +199,13 @@ def test_processes_running_one_comparison_share_its_cells(tmp_path):
     # on to the next seed's free cells first
     two = Compare(tmp_path, starting_harness("math"), [0], ["reference", "dr_grpo"], budget, "smoke",
                   tmp_path / "warm", "cmd")
-    other = two.cell_path("dr_grpo", 0)
+    other, cells = two.cell_path("dr_grpo", 0), {}
     with FileLock(other.with_suffix(".lock")):
-        assert two._seed(0) is None
+        two._pass(cells)
+        assert list(cells) == [("reference", 0)]
     other.write_text(done.model_copy(update={"arm": "dr_grpo"}).model_dump_json())
-    assert [c.arm for c in two._seed(0)] == ["reference", "dr_grpo"]
+    two._pass(cells)
+    assert [c.arm for c in cells.values()] == ["reference", "dr_grpo"]
 
 
 def test_a_process_computes_every_free_cell_before_it_waits_for_a_held_one(tmp_path, monkeypatch):
@@ -254,6 +256,30 @@ def test_a_process_computes_every_free_cell_before_it_waits_for_a_held_one(tmp_p
     ref.release()
     worker.join(timeout=10)
     assert [c.arm for c in out[0]] == ["evotrainer", "reference", "hpo"] and computed == ["hpo"]
+
+
+def test_the_long_cells_come_first_and_the_comparison_keeps_its_order(tmp_path, monkeypatch):
+    """Every seed's EvoTrainer cell, then the search's, the static recipes' last (so that processes sharing the
+    cells end together); the cells come back seed by seed, EvoTrainer's first, then the arms as given."""
+    from evotrainer.compare import Compare
+
+    budget = BUDGETS["smoke"].model_copy(update={"k": 0})
+    cmp = Compare(tmp_path, starting_harness("math"), [0, 1, 2], ["reference", "evotrainer", "hpo"], budget, "smoke",
+                  tmp_path / "warm", "cmd")
+    computed: list[tuple[str, int, int]] = []
+
+    def cell(arm, seed, main_steps, total_steps=None):
+        computed.append((arm, seed, main_steps))
+        return Cell(arm=arm, seed=seed, checkpoint="/x", main_steps=main_steps or 4 + seed, total_steps=8,
+                    cpu_seconds=1, wall_seconds=1, test_accuracy=0.5, test_avg_at_k=0.5, item_ids=["a"],
+                    greedy_correct=[True])
+
+    monkeypatch.setattr(cmp, "cell", cell)
+    cmp.cell_path("evotrainer", 0).parent.mkdir(parents=True)
+    cells = cmp.cells()
+    assert [(a, s) for a, s, _ in computed] == [(a, s) for a in ("evotrainer", "hpo", "reference") for s in (0, 1, 2)]
+    assert all(m == 4 + s for a, s, m in computed if a != "evotrainer")  # each matched to its seed's EvoTrainer cell
+    assert [(c.arm, c.seed) for c in cells] == [(a, s) for s in (0, 1, 2) for a in ("evotrainer", "reference", "hpo")]
 
 
 def test_a_cell_that_no_longer_fits_its_evotrainer_cell_is_stale(tmp_path):

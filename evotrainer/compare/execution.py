@@ -276,33 +276,39 @@ class Compare:
         except Timeout:
             return None
 
-    def _seed(self, seed: int) -> list[Cell] | None:
-        """One seed's cells, EvoTrainer's first (the others match its steps): every one no other process holds is
-        computed (or read), and None is returned while one is held or not computable yet."""
-        main, total, cells = None, None, []
-        if "evotrainer" in self.arms:
-            evo = self.locked_cell("evotrainer", seed, 0, wait=False)
-            if evo is None:
-                return None
-            cells.append(evo)
-            main, total = evo.main_steps, evo.total_steps
-        if main is None:  # no EvoTrainer arm: the champion line's length without promotions
-            main = self.budget.generations * self.loop_config().train_steps
-        rest = [self.locked_cell(a, seed, main, total, wait=False) for a in self.arms if a != "evotrainer"]
-        return None if None in rest else cells + rest
+    def _pass(self, done: dict[tuple[str, int], Cell]) -> None:
+        """One pass over the cells not in `done`: each one no other process holds is computed (or read) and added.
+        A seed's EvoTrainer cell comes before its other arms' (they match its steps). The long arms go first, every
+        seed's EvoTrainer cell, then the other loops' and the search's, the static recipes' last: with the short
+        cells at the end, processes sharing a comparison finish together instead of one training the last long cell
+        alone (seed by seed, the last seed's EvoTrainer cell ran while the other process had nothing to do)."""
+        order = sorted(self.arms, key=lambda a: 0 if a == "evotrainer" else 1 if a in LOOPS or a in SEARCHES else 2)
+        for arm in order:
+            for seed in self.seeds:
+                if (arm, seed) in done:
+                    continue
+                if arm == "evotrainer":
+                    main, total = 0, None
+                elif "evotrainer" in self.arms:
+                    if (evo := done.get(("evotrainer", seed))) is None:
+                        continue
+                    main, total = evo.main_steps, evo.total_steps
+                else:  # no EvoTrainer arm: the champion line's length without promotions
+                    main, total = self.budget.generations * self.loop_config().train_steps, None
+                if (cell := self.locked_cell(arm, seed, main, total, wait=False)) is not None:
+                    done[(arm, seed)] = cell
 
     def cells(self) -> list[Cell]:
-        """Every cell, seed by seed. Pass after pass over the seeds, each computing every cell no other process
-        holds; only when the rest are all held does this process wait, a poll at a time. (Waiting on the first held
-        cell instead left a free one undone: a process blocked on another's `reference` cell while the `hpo` cell
-        behind it waited for that same process, one core idle for half an hour of a benchmark.)"""
-        done: dict[int, list[Cell]] = {}
+        """Every cell, seed by seed, EvoTrainer's first. Pass after pass (`_pass`), each computing every cell no
+        other process holds; only when the rest are all held does this process wait, a poll at a time. (Waiting on
+        the first held cell instead left a free one undone: a process blocked on another's `reference` cell while
+        the `hpo` cell behind it waited for that same process, one core idle for half an hour of a benchmark.)"""
+        done: dict[tuple[str, int], Cell] = {}
         while True:
-            for seed in self.seeds:
-                if seed not in done and (got := self._seed(seed)) is not None:
-                    done[seed] = got
-            if len(done) == len(self.seeds):
-                return [c for seed in self.seeds for c in done[seed]]
+            self._pass(done)
+            if len(done) == len(self.arms) * len(self.seeds):
+                arms = sorted(self.arms, key=lambda a: a != "evotrainer")  # EvoTrainer's first, then as given
+                return [done[(arm, seed)] for seed in self.seeds for arm in arms]
             time.sleep(POLL_S)
 
     def run(self) -> Comparison:
