@@ -205,9 +205,11 @@ class Loop:
                                     status=r.status, effect=r.effect, reason=r.reason))
         return out
 
-    def applied(self) -> dict[str, int]:
-        """The catalog transforms promoted on the champion's line, each with the generation of its last promotion."""
-        return {e.transform: e.generation for e in self.lineage() if e.status == "promoted" and e.transform}
+    def applied(self, lineage: list[LineageEntry] | None = None) -> dict[str, int]:
+        """The catalog transforms promoted on the champion's line (`lineage`, read if not given), each with the
+        generation of its last promotion."""
+        return {e.transform: e.generation for e in (lineage if lineage is not None else self.lineage())
+                if e.status == "promoted" and e.transform}
 
     def plan(self, state: LoopState) -> dict:
         g, ws = state.generation, self.ws
@@ -217,13 +219,14 @@ class Loop:
         head = ws.harness.head("main")
         tried = tried_on(ws.harness.lineage(), head)
         # what memory measured of each change, in any run and domain: the Planner's expected gains
-        applied = self.applied()
+        lineage = self.lineage()
+        applied = self.applied(lineage)
         priors = {t: applied_again(p, applied[t], self.rule.prior_sd) if t in applied else p
                   for t, p in priors_for(self.store, list(CATALOG), self.rule.prior_sd, self.cfg.domain).items()} \
             if self.cfg.loop.skill_memory else {}
         plan = self.meta.plan(PlanInput(generation=g, domain=self.cfg.domain, k=self.cfg.budget.candidates,
                                         diagnosis=state.diagnosis, findings=state.findings, skills=hits,
-                                        lineage=self.lineage(), files=harness_files(self.champion_dir()),
+                                        lineage=lineage, files=harness_files(self.champion_dir()),
                                         tried=tried, same_diagnosis=MERGE_SIMILARITY[self.store.embedding],
                                         priors=priors, prior_sd=self.rule.prior_sd))
         for sid in {s for iv in plan.interventions for s in iv.sources if s.startswith("sk-")}:
