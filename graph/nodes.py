@@ -196,9 +196,10 @@ class Loop:
         return {"findings": report.findings, "diagnosis": diagnosis}
 
     # -- plan ----------------------------------------------------------------------------------
-    def lineage(self) -> list[LineageEntry]:
+    def lineage(self, records: list[BranchRecord] | None = None) -> list[LineageEntry]:
+        """The candidate branches (`records`: the repository's, read if not given) with their verdicts' transforms."""
         out = []
-        for r in self.ws.harness.lineage():
+        for r in records if records is not None else self.ws.harness.lineage():
             record = VerdictRecord.load(self.ws.verdict_path(r.branch))
             transform = record.transform if record else None
             out.append(LineageEntry(generation=r.generation, branch=r.branch, factor=r.factor, transform=transform,
@@ -217,9 +218,10 @@ class Loop:
         hits = self.store.query(trigger.text, k=10, domain=self.cfg.domain, analyzers=trigger.analyzers) \
             if self.cfg.loop.skill_memory else []
         head = ws.harness.head("main")
-        tried = tried_on(ws.harness.lineage(), head)
+        records = ws.harness.lineage()
+        tried = tried_on(records, head)
         # what memory measured of each change, in any run and domain: the Planner's expected gains
-        lineage = self.lineage()
+        lineage = self.lineage(records)
         applied = self.applied(lineage)
         priors = {t: applied_again(p, applied[t], self.rule.prior_sd) if t in applied else p
                   for t, p in priors_for(self.store, list(CATALOG), self.rule.prior_sd, self.cfg.domain).items()} \
