@@ -18,7 +18,10 @@ shows it and the catalog transform that repairs it, read from the harness's READ
 **repaired** it (a promotion of that transform, and the analyzer silent on the evidence of the champion's last
 training segment) and in which generation, and whether the analyzer still fires at the end of the reference's
 training; sealed test of EvoTrainer and of the reference with the paired 95%
-interval (seeds x items); EvoTrainer against `hpo`; GRPO steps; invalid promotions.
+interval (seeds x items); EvoTrainer against `hpo`; GRPO steps; invalid promotions. Below it, every test
+the loop made of a defect's repair (`tests_table`): its generation, the short runs' effect on sealed dev with its
+interval, the minimum detectable effect, P(gain) and the Critic's decision, so that a repair the loop did not
+promote shows why: measured no better, blocked by a gate, or a gain smaller than the test could see.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import re
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +43,7 @@ from evotrainer.base.settings import apply_offline_switches
 ROOT = Path(__file__).resolve().parent
 FLAWED = ROOT / "flawed"
 ARMS = ["evotrainer", "reference", "hpo"]
+TEST_KEYS = ("generation", "decision", "effect", "ci_low", "ci_high", "mde", "p_gain", "failed_gates")
 
 
 def defects_of(harness: Path) -> list[tuple[str, str]]:
@@ -154,12 +159,14 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
         checks = evidence_checks(cmp_dir, s, harness, analyzers)
         per_defect = []
         for analyzer, transform in defects:
-            promoted = [v for v in evo.lineage if v["decision"] == "promote" and v["transform"] == transform]
+            tests = [v for v in evo.lineage if v["transform"] == transform]
+            promoted = [v for v in tests if v["decision"] == "promote"]
             silent_after, ref_fires = checks[analyzer]
             per_defect.append({"analyzer": analyzer, "repair": transform,
                                "repaired": bool(promoted) and bool(silent_after),
                                "generation": promoted[0]["generation"] if promoted else None,
-                               "analyzer_silent_at_end": silent_after, "reference_analyzer_fires": ref_fires})
+                               "analyzer_silent_at_end": silent_after, "reference_analyzer_fires": ref_fires,
+                               "tests": [{k: v.get(k) for k in TEST_KEYS} for v in tests]})
         seeds_rows.append({"seed": s, "defects": per_defect,
                            "invalid": sum(p.get("invalid", False) for p in evo.promotions),
                            "evotrainer": evo.test_accuracy, "reference": ref.test_accuracy,
@@ -211,6 +218,53 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tests_table(rows: list[dict]) -> str:
+    """Every test of a defect's repair, one line each (harness, defect, seed, generation), and what the tests made
+    while the defect stood add up to: how many were promoted, rejected on their measurement, blocked by a gate, or
+    inconclusive, and how many of the inconclusive measured a gain the test was too weak to see (0 < effect < its
+    minimum detectable effect). A test after the repair was promoted on that line applies it a second time: listed,
+    marked, and not counted."""
+    lines = ["| harness | repair | seed | generation | dev effect [95%] | MDE | P(gain) | decision |",
+             "|---|---|---|---|---|---|---|---|"]
+    tests, again = [], 0
+    for r in rows:
+        for x in r["seeds"]:
+            for d in x["defects"]:
+                for t in d.get("tests", []):
+                    second = d["generation"] is not None and t["generation"] > d["generation"]
+                    again += second
+                    tests += [] if second else [t]
+                    gates = ", ".join(t["failed_gates"] or [])
+                    effect = ("-" if t["effect"] is None else
+                              f"{t['effect']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
+                    lines.append(f"| {r['harness']} | `{d['repair']}` | {x['seed']} | {t['generation']} | {effect} | "
+                                 + ("-" if t["mde"] is None else f"{t['mde']:.3f}") + " | "
+                                 + ("-" if t["p_gain"] is None else f"{t['p_gain']:.2f}") + " | "
+                                 + t["decision"] + (f" ({gates})" if gates else "")
+                                 + (", applied again after its promotion" if second else "") + " |")
+    if len(lines) == 2:
+        return "No test of a defect's repair yet."
+
+    def kind(t: dict) -> str:
+        if t["decision"] in ("promote", "inconclusive"):
+            return t["decision"]
+        if t["failed_gates"]:
+            return "gate"
+        return "measured" if t["decision"] == "reject" and t["effect"] is not None else "other"
+
+    count = Counter(kind(t) for t in tests)
+    unseen = [t for t in tests if kind(t) == "inconclusive" and t["effect"] is not None and t["mde"] is not None
+              and 0 < t["effect"] < t["mde"]]
+    mdes = [t["mde"] for t in tests if t["mde"] is not None]
+    lines += ["", f"{len(tests)} tests of a defect's repair while the defect stood: {count['promote']} promoted, "
+                  f"{count['measured']} rejected on their measurement, {count['gate']} blocked by a gate, "
+                  f"{count['inconclusive']} inconclusive ({len(unseen)} of them a gain below the test's minimum "
+                  "detectable effect)" + (f", {count['other']} decided without a measurement" if count["other"] else "")
+                  + (f"; median MDE {np.median(mdes):.3f}" if mdes else "")
+                  + (f". {again} more applied a promoted repair again (not counted)." if again else ".")]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--domain", default="math")
@@ -237,7 +291,8 @@ def main() -> None:
                                 args.jobs))
         (args.out / "repair.json").write_text(json.dumps(rows, indent=1))
         (args.out / "repair.md").write_text(f"# Repair benchmark: {args.domain}\n\nCommand: `python "
-                                            f"{' '.join(sys.argv)}`\n\n" + table(rows) + "\n")
+                                            f"{' '.join(sys.argv)}`\n\n" + table(rows) + "\n\n## Every test of a "
+                                            "defect's repair\n\n" + tests_table(rows) + "\n")
     print(table(rows))
 
 

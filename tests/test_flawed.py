@@ -102,6 +102,32 @@ def test_the_repair_table_counts_every_defect_of_a_harness_and_reads_the_first_f
     assert "Defects repaired in 3 of 6 (defect, seed) pairs (1 promoted, evidence unreadable, not counted);" in md
 
 
+def test_every_test_of_a_repair_is_listed_and_those_after_its_promotion_are_not_counted():
+    repair = _repair_benchmark()
+
+    def test(generation, decision, effect=None, mde=None, gates=()):
+        ci = (None, None) if effect is None else (effect - 0.02, effect + 0.02)
+        return {"generation": generation, "decision": decision, "effect": effect, "ci_low": ci[0], "ci_high": ci[1],
+                "mde": mde, "p_gain": None if effect is None else 0.5, "failed_gates": list(gates)}
+
+    def seed(s, generation, tests):
+        return {"seed": s, "defects": [{"analyzer": "update_size", "repair": "learning_rate", "generation": generation,
+                                        "tests": tests}]}
+    row = {"harness": "low_lr", "seeds": [
+        seed(0, 1, [test(1, "promote", 0.04, 0.03), test(2, "reject", -0.03, 0.03)]),  # the second: applied again
+        seed(1, None, [test(1, "inconclusive", 0.012, 0.030), test(2, "inconclusive", -0.004, 0.030)]),
+        seed(2, None, [test(1, "reject", gates=["replay_agreement"]), test(2, "reject", -0.02, 0.028),
+                       test(3, "reject")])]}  # the last: its backtest failed, nothing measured
+    md = repair.tests_table([row])
+    assert md.count("| low_lr | `learning_rate` |") == 7
+    assert "| low_lr | `learning_rate` | 0 | 2 | -0.030 [-0.050, -0.010] | 0.030 | 0.50 | reject, applied again" in md
+    assert "| 2 | 1 | - | - | - | reject (replay_agreement) |" in md
+    assert ("6 tests of a defect's repair while the defect stood: 1 promoted, 1 rejected on their measurement, 1 "
+            "blocked by a gate, 2 inconclusive (1 of them a gain below the test's minimum detectable effect), 1 decided "
+            "without a measurement; median MDE 0.030. 1 more applied a promoted repair again (not counted).") in md
+    assert repair.tests_table([{"harness": "clean", "seeds": [{"seed": 0, "defects": []}]}]).startswith("No test")
+
+
 def test_an_unreadable_champion_segment_is_unknown_and_not_kept(tmp_path, monkeypatch):
     """The check that the analyzer is silent at the end of the champion's line: where that evidence cannot be read,
     the answer is unknown (not silent, which would count the defect repaired), and nothing is kept, so that a
