@@ -26,7 +26,6 @@ from pydantic import BaseModel, ValidationError
 
 from evotrainer.base.errors import UserError
 from evotrainer.base.files import atomic_write_text, read_user_text
-from evotrainer.memory.embeddings import EMBEDDINGS
 from evotrainer.memory.skill import Skill, SkillOutcome
 
 COLLECTION = "skills"
@@ -85,6 +84,15 @@ def _peek_embedding(db: Path) -> str | None:
     return row[0] if row else None
 
 
+def _embeddings() -> dict:
+    """The embedding functions by name, imported when a store is opened: importing Chroma costs about a second, and
+    the modules that only name this one's types (every `evotrainer` command imports the agents' schemas) need not
+    pay it."""
+    from evotrainer.memory.embeddings import EMBEDDINGS
+
+    return EMBEDDINGS
+
+
 class SkillStore:
     """Skills in a Chroma collection at `path` (default `default_path()`).
 
@@ -93,15 +101,16 @@ class SkillStore:
 
     def __init__(self, path: str | Path | None = None, embedding: str | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
-        if embedding is not None and embedding not in EMBEDDINGS:
-            raise UserError(f"unknown embedding {embedding!r}: choose one of {', '.join(EMBEDDINGS)}")
+        functions = _embeddings()
+        if embedding is not None and embedding not in functions:
+            raise UserError(f"unknown embedding {embedding!r}: choose one of {', '.join(functions)}")
         self._client = self._col = None  # a new store is created by its first write: opening never writes
         self.embedding = embedding or DEFAULT_EMBEDDING
         self._ef = None
         if _check_path(self.path):
             self._open(embedding)
         if self._ef is None:
-            self._ef = EMBEDDINGS[self.embedding]()
+            self._ef = functions[self.embedding]()
 
     def _connect(self) -> None:
         import chromadb
@@ -128,14 +137,14 @@ class SkillStore:
                                     "skill store; pass another --skills folder")
                 return  # created, never written: a new store
             built = (listed[COLLECTION].metadata or {}).get("embedding")
-            if built not in EMBEDDINGS:
+            if built not in _embeddings():
                 raise UserError(f"skill store {self.path} was built with an unknown embedding {built!r}")
             if embedding is not None and embedding != built:
                 raise UserError(f"skill store {self.path} was built with the {built!r} embedding, not {embedding!r}: "
                                 f"open it with --embedding {built}, or export it and import into a new store")
             # this handle's own instance: without one, Chroma rebuilds the function from the collection's
             # configuration on every query, and MiniLM would load its model each time (about 0.3 s)
-            self.embedding, self._ef = built, EMBEDDINGS[built]()
+            self.embedding, self._ef = built, _embeddings()[built]()
             self._col = self._client.get_collection(COLLECTION, embedding_function=self._ef)
         except UserError:
             raise

@@ -133,6 +133,8 @@ CASES = [
     (["skills", "import", "{w}/patch.diff", "--skills", "{w}/store"], 2, "not UTF-8"),
     (["skills", "import", "{w}/empty", "--skills", "{w}/store"], 2, "is a directory"),
     (["skills", "list", "--skills", "{w}/file.txt"], 2, "is a file"),
+    (["skills", "list", "--skills", "{w}/store", "--embedding", "bogus"], 2,
+     "unknown embedding 'bogus': choose one of minilm, hashing"),
     # usage
     (["frobnicate"], 2, "No such command"),
     (["run"], 2, "Missing argument"),

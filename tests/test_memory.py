@@ -308,3 +308,13 @@ def test_a_promoted_repair_is_a_positive_lesson_at_a_dev_cost():
     from evotrainer.graph.lessons import validation_of
 
     assert validation_of(v, "swe").repairs == ["leak_usage"]
+
+
+def test_a_command_that_opens_no_store_does_not_import_chroma():
+    """Every `evotrainer` command imports the agents' schemas, which name the store's types; Chroma (about a second
+    of CPU) is imported only when a store is opened."""
+    probe = ("import sys, evotrainer.cli; assert 'chromadb' not in sys.modules; "
+             "from evotrainer.memory.store import SkillStore; SkillStore(sys.argv[1], 'hashing'); "
+             "assert 'chromadb' in sys.modules")
+    res = subprocess.run([sys.executable, "-c", probe, "/nonexistent-store"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
