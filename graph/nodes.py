@@ -51,15 +51,23 @@ SAMPLES = 6
 
 def tried_on(lineage: list[BranchRecord], head: str) -> list[str]:
     """The factors tried on the champion commit `head`, which the Planner may not propose again, less one whose only
-    test there was inconclusive with a positive estimate: that one may be tested once more, from the main line's
-    later checkpoint with arms of its own, and memory's prior pools the two measurements (the first is in the
-    store), so a promising change is extended until its answer is clear instead of dropped after one short run."""
+    test there was not promoted and either
+    - inconclusive with a positive estimate: that one may be tested once more, from the main line's later checkpoint
+      with arms of its own, and memory's prior pools the two measurements (the first is in the store), so a
+      promising change is extended until its answer is clear instead of dropped after one short run; or
+    - a repair of a gate the champion fails (its verdict's `repairs`), rejected or inconclusive on its dev score:
+      while the champion fails a gate no other change can be promoted (each inherits the failure), so the one
+      change that passed it is worth a second short run rather than a generation spent on candidates that cannot
+      win; the Critic's rule for a repair is unchanged."""
     tests: dict[str, list[BranchRecord]] = {}
     for r in lineage:
         if r.parent == head and r.factor:
             tests.setdefault(r.factor, []).append(r)
-    return sorted(f for f, rs in tests.items()
-                  if not (len(rs) == 1 and rs[0].status == "inconclusive" and (rs[0].effect or 0.0) > 0))
+
+    def again(r: BranchRecord) -> bool:
+        return r.status != "promoted" and (r.repairs or (r.status == "inconclusive" and (r.effect or 0.0) > 0))
+
+    return sorted(f for f, rs in tests.items() if not (len(rs) == 1 and again(rs[0])))
 
 
 class Loop:

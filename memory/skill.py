@@ -64,6 +64,15 @@ class Validation(BaseModel):
         return self.verdict == "promote" or (not self.failed_gates and self.ci_low is not None and self.ci_low > 0)
 
 
+def _pooled(validations: list[Validation]) -> tuple[float, float] | None:
+    """The inverse-variance mean of the measured effects and its 95% half-width; None when none was measured."""
+    measured = [(v.effect, v.se) for v in validations if v.effect is not None and v.se]
+    if not measured:
+        return None
+    weights = [1 / se ** 2 for _, se in measured]
+    return sum(w * e for w, (e, _) in zip(weights, measured)) / sum(weights), Z95 / math.sqrt(sum(weights))
+
+
 class Skill(BaseModel):
     id: str = Field(default_factory=lambda: "sk-" + uuid.uuid4().hex[:12])
     trigger: Trigger
@@ -87,11 +96,9 @@ class Skill(BaseModel):
 
     def recompute(self) -> Skill:
         """Combined effect, outcome, domains and `general` from the validations."""
-        measured = [(v.effect, v.se) for v in self.validations if v.effect is not None and v.se]
-        if measured:
-            weights = [1 / se ** 2 for _, se in measured]
-            self.effect = sum(w * e for w, (e, _) in zip(weights, measured)) / sum(weights)
-            half = Z95 / math.sqrt(sum(weights))
+        pooled = _pooled(self.validations)
+        if pooled:
+            self.effect, half = pooled
             self.ci_low, self.ci_high = self.effect - half, self.effect + half
         else:
             self.effect = next((v.effect for v in self.validations if v.effect is not None), None)
@@ -103,9 +110,13 @@ class Skill(BaseModel):
                                                else any(v.held for v in self.validations)))
         # negative: blocked by a gate, or measured harmful (the combined interval below zero, or every test rejected:
         # the Critic rejects without a gate only what it measured harmful); anything else unresolved is
-        # inconclusive, not a lesson against the change
-        harmful = (self.ci_high is not None and self.ci_high < 0) or \
-            (bool(self.validations) and all(v.verdict == "reject" for v in self.validations))
+        # inconclusive, not a lesson against the change. A repair's test does not count toward harm: its dev effect
+        # is against a champion that fails a gate, whose score is not one to beat, and rejected it is still the one
+        # change that passed that gate (a negative lesson would keep it out of every later plan for the same finding)
+        judged = [v for v in self.validations if not v.repairs]
+        plain = _pooled(judged)
+        harmful = (plain is not None and plain[0] + plain[1] < 0) or \
+            (bool(judged) and all(v.verdict == "reject" for v in judged))
         self.outcome = "positive" if positive else "negative" if gated or harmful else "inconclusive"
         agree = [v.domain for v in self.validations if v.held == positive]
         self.domains = sorted(set(agree or [v.domain for v in self.validations]))

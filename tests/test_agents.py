@@ -616,9 +616,9 @@ def test_a_promising_inconclusive_change_may_be_tested_once_more_on_the_same_cha
     from evotrainer.graph.nodes import tried_on
     from evotrainer.workspaces.repo import BranchRecord
 
-    def rec(gen, factor, status, effect, parent="c1"):
+    def rec(gen, factor, status, effect, parent="c1", repairs=()):
         return BranchRecord(branch=f"cand/g{gen}-{factor}", generation=gen, parent=parent, head=f"h{gen}{factor}",
-                            factor=factor, status=status, effect=effect)
+                            factor=factor, status=status, effect=effect, repairs=list(repairs))
 
     lineage = [rec(1, "recipe.limit", "inconclusive", 0.011), rec(1, "recipe.temperature", "inconclusive", -0.004),
                rec(1, "reward.format", "rejected", 0.02), rec(1, "recipe.group", "open", None)]
@@ -626,6 +626,10 @@ def test_a_promising_inconclusive_change_may_be_tested_once_more_on_the_same_cha
     again = [*lineage, rec(2, "recipe.limit", "inconclusive", 0.009)]
     assert "recipe.limit" in tried_on(again, "c1")  # tested twice on this champion: settled for now
     assert tried_on(again, "c2") == []  # a new champion: nothing tried on it yet
+    # the repair of a gate the champion fails, rejected on its dev score (however low): tested once more, not twice
+    leak = [rec(1, "env.tools", "rejected", -0.048, repairs=["leak_usage"])]
+    assert tried_on(leak, "c1") == []
+    assert tried_on([*leak, rec(2, "env.tools", "rejected", -0.03, repairs=["leak_usage"])], "c1") == ["env.tools"]
 
 
 def test_the_loop_plans_a_promising_inconclusive_repair_again(tmp_path):
@@ -651,6 +655,39 @@ def test_the_loop_plans_a_promising_inconclusive_repair_again(tmp_path):
         repo.reject(branch, 1, "inconclusive", {"effect": effect}, inconclusive=True)
         plan = loop.plan(LoopState(generation=2, findings=small, diagnosis=diag))["plan"]
         assert ("learning_rate" in [iv.transform for iv in plan.interventions]) == planned, plan.rationale
+
+
+def test_the_loop_tests_a_rejected_repair_of_the_champions_gate_again(tmp_path):
+    """Through the loop, memory included: the champion fails the leak gate; closing the leak passed it but was
+    rejected on its dev score in generation 1 (-0.048 against the leaky control). Every other candidate inherits the
+    failed gate, so generation 2 plans the repair again (its lesson is not one against it); rejected a second time,
+    generation 3 plans something else. A change rejected without a repair is not planned again."""
+    from evotrainer.graph.events import EventLog
+    from evotrainer.graph.nodes import Loop
+    from evotrainer.graph.state import LoopState
+    from evotrainer.workspaces.run import RunWorkspace
+
+    diag = Diagnosis(generation=2, summary="60% of episodes call history")
+    policy = OfflinePolicy()
+    change = apply("close_leak", SWE_TEMPLATE, SWE_SICK)
+    for repairs, planned in ((["leak_usage"], [True, False]), ([], [False, False])):
+        name = "repair" if repairs else "plain"
+        ws = RunWorkspace.create(tmp_path / name, "swe")
+        store = SkillStore(tmp_path / f"skills-{name}", "hashing")
+        loop, repo = Loop(ws, policy, store, EventLog(ws.path / "ev.jsonl")), ws.harness
+        for gen, expect in zip((1, 2), planned):
+            branch, wt = repo.create_candidate(gen, "close-leak", ws.path / "worktrees")
+            repo.write_files(wt, change.files)
+            repo.commit(wt, "offer only the sealed tools", intervention_id=f"g{gen}-close_leak", hypothesis="h",
+                        factor="env.tools", generation=gen)
+            verdict = Verdict(branch=branch, decision="reject", effect=-0.048, ci_low=-0.078, ci_high=-0.017,
+                              repairs=repairs, reasons=["measured harmful"])
+            repo.reject(branch, gen, "measured harmful", verdict.model_dump())
+            iv = policy._intervention(gen, CATALOG["close_leak"], change, [])
+            distill(store, lesson_of(iv, verdict, "swe", findings=SWE_SICK, diagnosis=diag.summary, run=name,
+                                     generation=gen, commit=branch))
+            plan = loop.plan(LoopState(generation=gen + 1, findings=SWE_SICK, diagnosis=diag))["plan"]
+            assert ("close_leak" in [iv.transform for iv in plan.interventions]) == expect, (name, gen, plan.rationale)
 
 
 def test_a_leak_gate_puts_closing_the_leak_first():

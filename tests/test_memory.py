@@ -300,7 +300,12 @@ def test_a_promoted_repair_is_a_positive_lesson_at_a_dev_cost():
     cost = skill(repair)
     assert cost.outcome == "positive" and cost.effect == pytest.approx(-0.058, abs=0.01)
     assert skill(repair.model_copy(update={"repairs": []})).outcome == "negative"  # a plain loss: nothing to copy
-    assert skill(repair.model_copy(update={"verdict": "reject"})).outcome == "negative"  # rejected: no repair made
+    # rejected on its dev score, a repair is no lesson against itself: that score is against a champion failing a
+    # gate, and it is still the one change that passed it; a plain test measured harmful beside it still counts
+    rejected = repair.model_copy(update={"verdict": "reject"})
+    assert skill(rejected).outcome == "inconclusive"
+    plain = Validation(domain="swe", verdict="reject", effect=-0.04, ci_low=-0.07, ci_high=-0.01, seeds=1)
+    assert skill(rejected, plain).outcome == "negative" and skill(plain).outcome == "negative"
     still_gated = repair.model_copy(update={"failed_gates": ["leak_usage"]})
     assert skill(still_gated).outcome == "negative"
     v = Verdict(branch="cand/g1-close-leak", decision="promote", effect=-0.058, ci_low=-0.11, ci_high=-0.007,

@@ -73,6 +73,7 @@ class BranchRecord(BaseModel):
     status: Literal["open", "promoted", "rejected", "inconclusive"]
     effect: float | None = None
     reason: str = ""
+    repairs: list[str] = []  # the gates the champion failed that the candidate passed (its verdict's)
 
 
 def slugify(text: str, max_len: int = 40) -> str:
@@ -495,6 +496,6 @@ class HarnessRepo:
                 parent=trailers.get("Parent-Commit", head), head=head, factor=trailers.get("Factor", ""),
                 hypothesis=trailers.get("Hypothesis", ""), intervention_id=trailers.get("Intervention-Id", ""),
                 status=status, effect=info.get("effect"),
-                reason=info.get("reason") or "; ".join(info.get("reasons", [])),
+                reason=info.get("reason") or "; ".join(info.get("reasons", [])), repairs=info.get("repairs") or [],
             ))
         return sorted(records, key=lambda r: (r.generation, r.branch))
