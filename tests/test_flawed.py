@@ -123,8 +123,9 @@ def test_every_test_of_a_repair_is_listed_and_those_after_its_promotion_are_not_
     assert "| low_lr | `learning_rate` | 0 | 2 | -0.030 [-0.050, -0.010] | 0.030 | 0.50 | reject, applied again" in md
     assert "| 2 | 1 | - | - | - | reject (replay_agreement) |" in md
     assert ("6 tests of a defect's repair while the defect stood: 1 promoted, 1 rejected on their measurement, 1 "
-            "blocked by a gate, 2 inconclusive (1 of them a gain below the test's minimum detectable effect), 1 decided "
-            "without a measurement; median MDE 0.030. 1 more applied a promoted repair again (not counted).") in md
+            "blocked by a gate, 2 inconclusive (1 of them a gain below the test's minimum detectable effect), 1 "
+            "decided without a measurement; median MDE 0.030. 1 more applied a promoted repair again "
+            "(not counted).") in md
     assert repair.tests_table([{"harness": "clean", "seeds": [{"seed": 0, "defects": []}]}]).startswith("No test")
 
 
