@@ -65,7 +65,7 @@ def tried_on(lineage: list[BranchRecord], head: str) -> list[str]:
             tests.setdefault(r.factor, []).append(r)
 
     def again(r: BranchRecord) -> bool:
-        return r.status != "promoted" and (r.repairs or (r.status == "inconclusive" and (r.effect or 0.0) > 0))
+        return r.status != "promoted" and (bool(r.repairs) or (r.status == "inconclusive" and (r.effect or 0.0) > 0))
 
     return sorted(f for f, rs in tests.items() if not (len(rs) == 1 and again(rs[0])))
 
