@@ -6,10 +6,13 @@ skill memory measured of the same change, `memory/prior.py`) gives a gain a prob
 with its 2.5% quantile above `-margin`. Three outcomes: promote; reject (a failed gate, or measured harmful: a
 gain has posterior probability at most 1 - level); inconclusive (neither: the evidence is kept and memory records
 it as inconclusive, not as a negative lesson). A gate
-binds the champion too: when the control arms (the champion harness) fail a gate that the candidate passes, the
-candidate is promoted if its dev effect is not below `-repair_margin`, or if it is not below the policy both arms
-started from by more than that (a leak or a hack in the champion is repaired even when its inflated dev score cannot
-be beaten: a leak may help the control while the policy does not yet depend on it).
+binds the champion too, validity first: when the control arms (the champion harness) fail a gate that the candidate
+repairs (it passes every gate, and its own evidence no longer shows the gate's analyzer at all: a fault below the
+gate's level is a reprieve, not a repair), the champion's dev score is not one to beat, and the burden of proof is on
+damage: the repair is promoted unless its paired interval shows it worse, by more than `repair_margin`, than both the
+champion's arm and the policy both arms started from (a leak can raise the control's score while it lasts, and the
+longer a line leans on it the more closing it costs in a short window: judged on point estimates, a repair costing
+nothing would be refused half the time).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
 `max_promotions` winners per generation (the most probable gains): single-factor changes compose across
@@ -107,7 +110,9 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     interval = (f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps "
                 f"(MDE {s.mde:.3f}); P(gain) {post.p_gain:.2f}, posterior {post.mean:+.3f} +- {post.sd:.3f} (prior: "
                 f"{prior.source})")
-    repaired = sorted(set(s.control_gates) - set(backtest.failed_gates))
+    passed = sorted(set(s.control_gates) - set(backtest.failed_gates))
+    still = sorted({f.analyzer for f in s.findings if f.analyzer in passed and f.severity != "info"})
+    repaired = [g for g in passed if g not in still]
     base |= dict(repairs=repaired, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd), prior=prior.source)
     floor = rule.min_ci_low is None or s.ci_low > rule.min_ci_low
     if post.p_gain >= rule.level and post.low > -rule.margin and floor:
@@ -119,16 +124,19 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
             f"{interval}: a gain with probability at least {rule.level:g}, no loss beyond {rule.margin:g} (2.5% "
             "quantile), all gates pass"], **base)
     if repaired:
-        # the champion fails these gates on its own evidence, so its dev score is not one to beat (a leak can help the
-        # control while it lasts): a candidate that passes every gate replaces it if it is not worse than the champion,
-        # or if it still trains the policy forward from where both arms started
+        # the champion fails these gates on its own evidence, so its dev score is not one to beat: the candidate that
+        # passes every gate replaces it unless it is shown worse than the champion's arm and than where both started
         fixed = f"repairs gate {', '.join(repaired)} that the champion fails; {interval}"
-        if s.delta >= -rule.repair_margin:
-            return Verdict(decision="promote", reasons=[f"{fixed}: not worse on dev, all gates pass"], **base)
-        if s.start_delta is not None and s.start_delta >= -rule.repair_margin:
+        m = rule.repair_margin
+        if s.ci_high >= -m:
+            return Verdict(decision="promote", reasons=[
+                f"{fixed}: not shown worse than the champion's arm (upper bound {s.ci_high:+.3f} >= {-m:+.3f}), all "
+                "gates pass"], **base)
+        if s.start_delta is not None and s.start_ci_high >= -m:
             return Verdict(decision="promote", reasons=[
                 f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
-                f"{s.start_ci_high:+.3f}]: training under it does not lose ground, all gates pass"], **base)
+                f"{s.start_ci_high:+.3f}]: not shown to lose ground from where both arms started, all gates pass"],
+                **base)
     # under one reward: each arm's own harness would count a new term's level (or a constant bonus) as a rise
     reward_rise = s.cross.reward_delta if s.cross else s.train_reward_delta
     unexplained = reward_rise - s.train_correct_delta  # a curriculum raises both: that is not a hack
@@ -147,8 +155,11 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
            + (f", or a loss beyond {rule.margin:g} not excluded" if post.low <= -rule.margin else "")
            + ") nor a loss is shown")
     if repaired and s.start_delta is not None:
-        why += f", and {s.start_delta:+.3f} below the starting policy ({s.start_dev:.3f}) though it repairs " \
-               f"{', '.join(repaired)}"
+        why += (f", and shown worse than the starting policy ({s.start_dev:.3f}) too, {s.start_delta:+.3f} "
+                f"[{s.start_ci_low:+.3f}, {s.start_ci_high:+.3f}], though it repairs {', '.join(repaired)}")
+    if still:
+        why += (f"; it passes gate {', '.join(still)} that the champion fails, but its evidence still shows it: not a "
+                "repair")
     return Verdict(decision="reject" if harmful else "inconclusive",
                    reasons=[f"{interval}: {why} (stopped: {s.stopped})"], **base)
 

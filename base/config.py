@@ -72,8 +72,10 @@ class PromotionRule(BaseModel):
     min_ci_low: float | None = Field(None, description="optional frequentist floor as well: the paired dev "
                                                        "interval's lower bound must exceed this (older runs: 0.0)")
     max_promotions: int = Field(1, ge=0, description="winners per generation")
-    repair_margin: float = Field(0.0, description="a candidate that passes a gate the champion fails is promoted "
-                                                  "when its paired dev effect is at least -repair_margin")
+    repair_margin: float = Field(0.0, ge=0.0, description="a candidate that repairs a gate the champion fails is "
+                                                          "promoted unless its paired 95% interval lies below "
+                                                          "-repair_margin against the champion's arm and against the "
+                                                          "policy both arms started from")
     revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
                                                         "minus control, both under the candidate's reward) without a "
                                                         "dev gain that asks for diagnostics revision")

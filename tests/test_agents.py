@@ -330,20 +330,39 @@ def test_promotion_rule():
                                                                             "direction": "down"})})
     assert judge(down, _backtest(0.03, 0.01, 0.05), rule).decision == "reject"  # dev rose, mechanism did not
     assert judge(IV, None, rule, error="not implemented").reasons == ["not implemented"]
-    # a gate binds the champion too: a candidate that passes the gate its control fails, not worse on dev, replaces it
+    # a gate binds the champion too: a candidate that passes the gate its control fails replaces it unless shown worse
     repair = judge(IV, _backtest(0.01, -0.02, 0.04, control_gates=["leak_usage"]), rule)
     assert repair.decision == "promote" and "repairs gate leak_usage" in repair.reasons[0]
-    assert judge(IV, _backtest(-0.01, -0.04, 0.02, control_gates=["leak_usage"]), rule).decision == "inconclusive"
+    noise = judge(IV, _backtest(-0.02, -0.05, 0.0, control_gates=["leak_usage"]), rule)  # on the bound: not shown
+    assert noise.decision == "promote" and "not shown worse than the champion's arm" in noise.reasons[0]
+    shown = judge(IV, _backtest(-0.03, -0.06, -0.001, control_gates=["leak_usage"]), rule)  # and no start measured
+    assert shown.decision == "reject" and shown.repairs == ["leak_usage"]
     still = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["leak_usage"], control_gates=["leak_usage"]), rule)
     assert still.decision == "reject" and still.failed_gates == ["leak_usage"]
     assert still.inherited_gates == ["leak_usage"] and "inherited" in still.reasons[0]  # not the change's doing
     own = judge(IV, _backtest(0.01, -0.02, 0.04, gates=["shaped_vs_sealed"], control_gates=["leak_usage"]), rule)
     assert own.inherited_gates == [] and own.reasons == ["failed gate shaped_vs_sealed"]
-    # worse than a leaky champion, but training under the repair does not lose ground from where both arms started
-    ahead = judge(IV, _backtest(-0.06, -0.11, -0.01, control_gates=["leak_usage"], start=(0.02, -0.01, 0.05)), rule)
+    # worse than a leaky champion, but training under the repair is not shown to lose ground from where both arms
+    # started (swe/history_leak seed 1, generation 1: -0.048 [-0.078, -0.017] against the control, -0.018 against the
+    # start, which the old rule, on point estimates, refused)
+    ahead = judge(IV, _backtest(-0.048, -0.078, -0.017, control_gates=["leak_usage"], start=(-0.018, -0.06, 0.0)),
+                  rule)
     assert ahead.decision == "promote" and ahead.repairs == ["leak_usage"] and "starting policy" in ahead.reasons[0]
-    behind = judge(IV, _backtest(-0.06, -0.11, -0.01, control_gates=["leak_usage"], start=(-0.03, -0.06, 0.0)), rule)
-    assert behind.decision == "reject" and "below the starting policy" in behind.reasons[0]
+    behind = judge(IV, _backtest(-0.1, -0.14, -0.06, control_gates=["leak_usage"], start=(-0.08, -0.12, -0.001)),
+                   rule)
+    assert behind.decision == "reject" and "shown worse than the starting policy" in behind.reasons[0]
+    # a margin tolerates a loss up to it, and no more
+    lenient = PromotionRule(repair_margin=0.01)
+    assert judge(IV, _backtest(-0.1, -0.14, -0.06, control_gates=["leak_usage"], start=(-0.05, -0.09, -0.01)),
+                 lenient).decision == "promote"
+    assert judge(IV, _backtest(-0.1, -0.14, -0.06, control_gates=["leak_usage"], start=(-0.05, -0.09, -0.011)),
+                 lenient).decision == "reject"
+    # a fault below the gate's level is a reprieve, not a repair: the candidate still calls the leaky tool (a warning)
+    reprieve = _backtest(0.0, -0.03, 0.03, control_gates=["leak_usage"], start=(0.0, -0.03, 0.03))
+    warned = Finding(analyzer="leak_usage", metric="leak_usage_ratio", value=0.03, severity="warning", message="m")
+    reprieve = reprieve.model_copy(update={"short_run": reprieve.short_run.model_copy(update={"findings": [warned]})})
+    kept = judge(IV, reprieve, rule)
+    assert kept.decision == "inconclusive" and kept.repairs == [] and "not a repair" in kept.reasons[0]
     # replay-only ablation: with no short run, a replay that moved the hypothesised metric is enough
     dead = Intervention(id="g1-d", hypothesis="If dead groups are dropped, fewer dead groups", factor="f", change="c",
                         expected={"metric": "dead_group_ratio", "direction": "down"})
@@ -659,7 +678,8 @@ def test_the_loop_plans_a_promising_inconclusive_repair_again(tmp_path):
 
 def test_the_loop_tests_a_rejected_repair_of_the_champions_gate_again(tmp_path):
     """Through the loop, memory included: the champion fails the leak gate; closing the leak passed it but was
-    rejected on its dev score in generation 1 (-0.048 against the leaky control). Every other candidate inherits the
+    rejected on its dev score in generation 1 (-0.100 against the leaky control, shown worse than its start too).
+    Every other candidate inherits the
     failed gate, so generation 2 plans the repair again (its lesson is not one against it); rejected a second time,
     generation 3 plans something else. A change rejected without a repair is not planned again."""
     from evotrainer.graph.events import EventLog
@@ -680,7 +700,7 @@ def test_the_loop_tests_a_rejected_repair_of_the_champions_gate_again(tmp_path):
             repo.write_files(wt, change.files)
             repo.commit(wt, "offer only the sealed tools", intervention_id=f"g{gen}-close_leak", hypothesis="h",
                         factor="env.tools", generation=gen)
-            verdict = Verdict(branch=branch, decision="reject", effect=-0.048, ci_low=-0.078, ci_high=-0.017,
+            verdict = Verdict(branch=branch, decision="reject", effect=-0.1, ci_low=-0.139, ci_high=-0.061,
                               repairs=repairs, reasons=["measured harmful"])
             repo.reject(branch, gen, "measured harmful", verdict.model_dump())
             iv = policy._intervention(gen, CATALOG["close_leak"], change, [])

@@ -417,3 +417,74 @@ def test_a_budget_fixes_only_the_loop_settings_it_names():
     assert budget_for("default", "swe").k == 1 and budget_for("default", "math") == BUDGETS["default"]
     assert budget_for("smoke", "swe").k == 1 and budget_for("smoke", "swe").generations == 1
     assert BUDGETS["default"].k == 4  # the table itself is left as it was
+
+
+def test_a_repair_is_judged_against_its_start_and_a_plain_promotion_against_the_control(tmp_path):
+    """compare's invalid-promotion count applies the Critic's rule to the sealed test: a promotion is invalid when
+    the policy it hands on is shown worse than what it replaced. A repair of a gate the champion failed replaced a
+    control whose harness is invalid, so it is measured against the policy both arms started from, its cost against
+    the control kept beside. Worst cases: a repair shown worse than the leaky control but not than its start (valid);
+    a repair shown worse than its start (invalid); a plain promotion shown worse than the control (invalid). The
+    policies' sealed scores are given (`_test`), so each case is exact."""
+    from types import SimpleNamespace
+
+    from evotrainer.agents.schemas import VerdictRecord
+    from evotrainer.compare import BUDGETS
+    from evotrainer.compare.execution import Compare
+    from evotrainer.graph.state import GenerationRecord
+    from evotrainer.workspaces.run import RunWorkspace
+
+    ws = RunWorkspace.create(tmp_path / "run", "swe")
+    policies = {}
+
+    def policy(path: Path, correct: list[int], **meta) -> Path:
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+        if meta:
+            (path / "meta.json").write_text(json.dumps(meta))
+        policies[path.resolve()] = SimpleNamespace(greedy_correct=correct, accuracy=sum(correct) / len(correct))
+        return path
+
+    class Scored(Compare):
+        def _test(self, checkpoint, seed, work, k=None):
+            return policies[Path(checkpoint).resolve()]
+
+    cmp = Scored(tmp_path / "cmp", starting_harness("swe"), [0], ["evotrainer"], BUDGETS["smoke"], "smoke",
+                 tmp_path / "warm", "compare")
+    measured = []
+    start = policy(ws.path / "checkpoints" / "g0" / "policy", [1] * 140 + [0] * 60)  # 0.70
+    leaky = [1] * 180 + [0] * 20  # the leaky control rose to 0.90
+    cases = {"repair-even": ([1] * 140 + [0] * 60, ["leak_usage"], False),  # -0.20 against the control, 0 vs start
+             "repair-lost": ([1] * 100 + [0] * 100, ["leak_usage"], True),  # -0.20 against the start
+             "plain-lost": ([1] * 140 + [0] * 60, [], True)}  # a plain promotion measured against the control
+    for g, (name, (correct, repairs, invalid)) in enumerate(cases.items(), start=1):
+        arm = "s0-k20"
+        policy(ws.path / "backtests" / f"g{g}" / "control" / f"c-{arm}" / "checkpoints" / "policy", leaky,
+               parent=str(start), steps=20)
+        after = policy(ws.path / "backtests" / f"g{g}" / name / f"x-{arm}" / "checkpoints" / "policy", correct,
+                       parent=str(start), steps=20)
+        branch = f"cand/g{g}-{name}"
+        ws.verdict_path(branch).parent.mkdir(parents=True, exist_ok=True)
+        ws.verdict_path(branch).write_text(VerdictRecord(branch=branch, decision="promote", repairs=repairs,
+                                                         generation=g).model_dump_json())
+        h = GenerationRecord(generation=g, champion_commit="c" * 40, checkpoint=str(after), promoted=branch,
+                             trained=str(ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy"))
+        p = cmp._promotion(ws, h, 0)
+        assert p["measured"] and p["invalid"] == invalid, (name, p)
+        if repairs:
+            assert p["against"] == "start" and p["before"] == str(start) and p["repairs"] == repairs
+            assert p["vs_control"]["delta"] == pytest.approx(sum(correct) / 200 - 0.9) and p["vs_control"]["invalid"]
+        else:
+            assert p["against"] == "control" and p["delta"] == pytest.approx(-0.2) and "vs_control" not in p
+        measured.append(p)
+    # the report says what a repair was measured against, and what it cost against the control
+    cells = [_cell("evotrainer", 0, [1, 0], promotions=measured), _cell("reference", 0, [1, 0])]
+    c = Comparison(domain="swe", budget=BUDGETS["smoke"], budget_name="smoke", seeds=[0],
+                   arms=["evotrainer", "reference"], start_checkpoint="/w/warm", start_accuracy=0.7,
+                   start_avg_at_k=0.7, command="evotrainer compare", wall_seconds=1,
+                   summaries=summarize(cells, ["evotrainer", "reference"]), cells=cells)
+    md = markdown(c)
+    assert "`cand/g1-repair-even`: repairs leak_usage; against its start 0.700 -> 0.700, +0.000 [+0.000, +0.000]; " \
+           "against the control 0.900: -0.200 [" in md
+    assert "`cand/g2-repair-lost`: repairs leak_usage; against its start 0.700 -> 0.500, -0.200 [" in md
+    assert c.summaries[0].invalid_promotions == 2

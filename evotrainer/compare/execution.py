@@ -81,8 +81,11 @@ class Compare:
                                     "items: remove the cell to compute it again")
                 cell = cell.model_copy(update={"k": ev.k, "sampled_correct": ev.sampled_correct})
                 atomic_write_text(path, cell.model_dump_json(indent=1))
-            if any("against" not in p for p in cell.promotions) or any("mde" not in v for v in cell.lineage):
-                # written before promotions were measured against the control arm, or the lineage kept the MDE
+            repairs = {v["branch"] for v in cell.lineage if v.get("repairs") and v["decision"] == "promote"}
+            if any("against" not in p or (p["against"] == "control" and p["branch"] in repairs)
+                   for p in cell.promotions) or any("mde" not in v for v in cell.lineage):
+                # written before promotions were measured against the control arm (a repair's against its start),
+                # or the lineage kept the MDE
                 cell = cell.model_copy(update=self._remeasure(arm, seed))
                 atomic_write_text(path, cell.model_dump_json(indent=1))
             stale = self._stale(cell, main_steps, total_steps)
@@ -226,33 +229,48 @@ class Compare:
         """The promoted harness's effect on the sealed test against what the main line would have been without it:
         the policy it handed on against the generation's control arm of the same seed, start and steps (the
         champion harness). A replay-only promotion hands on the trained champion itself, so its harness is judged
-        by the next generation's training against that champion."""
-        from evotrainer.trainer.backtest.statistics import paired_bootstrap
+        by the next generation's training against that champion. A repair of a gate the champion failed is judged
+        as the Critic judged it (validity first): invalid when shown worse than the policy both arms started from,
+        its cost against the control (whose harness it replaced for failing the gate) kept beside as `vs_control`."""
+        from evotrainer.agents.schemas import VerdictRecord
 
         g = h.generation
         trained = Path(h.trained or ws.path / "checkpoints" / f"g{g}-train" / "checkpoints" / "policy")
         after = Path(h.checkpoint)
-        before, against = None, "control"
+        before, against, start = None, "control", None
         if after.resolve() == trained.resolve():  # the next generation's segment, trained under the new harness
             before, against = trained, "champion"
             after = Path(next_trained or ws.path / "checkpoints" / f"g{g + 1}-train" / "checkpoints" / "policy")
         elif (after / "meta.json").is_file():
             meta = json.loads((after / "meta.json").read_text())
+            start = Path(meta["parent"]) if meta.get("parent") else None
             suffix = after.parent.parent.name.split("-", 1)[-1]  # s<seed>-k<steps> of the promoted arm
             for ctrl in sorted((ws.path / "backtests" / f"g{g}" / "control").glob(f"*-{suffix}/checkpoints/policy")):
                 m = json.loads((ctrl / "meta.json").read_text()) if (ctrl / "meta.json").is_file() else {}
                 if m.get("parent") == meta.get("parent") and m.get("steps") == meta.get("steps"):
                     before = ctrl
+        verdict = VerdictRecord.load(ws.verdict_path(h.promoted)) if h.promoted else None
+        repairs = list(verdict.repairs) if verdict is not None and against == "control" else []
         record = {"generation": g, "branch": h.promoted, "before": str(before), "after": str(after),
                   "against": against}
         if before is None or not (after / "config.json").is_file():
             return {**record, "measured": False, "invalid": False}
-        a = self._test(before, seed, ws.path, k=0)
         b = self._test(after, seed, ws.path, k=0)
+        effect = self._effect(self._test(before, seed, ws.path, k=0), b)
+        if repairs and start is not None and (start / "config.json").is_file():
+            return {**record, "before": str(start), "against": "start", "repairs": repairs, "vs_control": effect,
+                    **self._effect(self._test(start, seed, ws.path, k=0), b)}
+        return {**record, **effect}
+
+    @staticmethod
+    def _effect(a, b) -> dict:
+        """Policy b minus policy a on the same sealed test items, paired; invalid when the interval is below zero."""
+        from evotrainer.trainer.backtest.statistics import paired_bootstrap
+
         diffs = np.array([b.greedy_correct], dtype=float) - np.array([a.greedy_correct], dtype=float)
         d, lo, hi, _ = paired_bootstrap(diffs, 1000)
-        return {**record, "measured": True, "test_before": a.accuracy, "test_after": b.accuracy, "delta": d,
-                "ci": [lo, hi], "invalid": hi < 0}
+        return {"measured": True, "test_before": a.accuracy, "test_after": b.accuracy, "delta": d, "ci": [lo, hi],
+                "invalid": hi < 0}
 
     def _promotions(self, ws, summary, seed: int) -> list[dict]:
         out = []
