@@ -259,3 +259,18 @@ def test_a_gpu_job_sees_the_nvidia_devices_and_nothing_else(monkeypatch, tmp_pat
     assert gpu.index("--dev") < gpu.index("--dev-bind")  # bound into the fresh /dev, not replaced by it
     ro = [cmd[i + 1] for cmd in (gpu,) for i, a in enumerate(cmd) if a == "--ro-bind"]
     assert "/sys" in ro and "/sys" not in plain  # NCCL's topology, for GPU jobs only
+
+
+def test_no_child_module_is_imported_by_its_own_package():
+    """A child runs as `python -m <module>`: if its package's __init__ imports the module, runpy executes it twice
+    (once imported, once as __main__) and warns in every child's log (the replay child did). Each child's package is
+    imported in a fresh interpreter and must not have loaded the child's module."""
+    from evotrainer.trainer.jobs import JOB_KINDS
+
+    probe = ("import importlib, sys\n"
+             f"for m in {sorted(JOB_KINDS)!r}:\n"
+             "    importlib.import_module(m.rsplit('.', 1)[0])\n"
+             "print(sorted(m for m in " f"{sorted(JOB_KINDS)!r}" " if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -9,12 +9,21 @@
 - `schedule.py`: one candidate (`backtest`) or a generation's (`backtest_all`), replay first, arms side by side.
 """
 
-from evotrainer.base.config import BacktestConfig
-from evotrainer.trainer.backtest.arms import Bench, Harness, arm_tag
-from evotrainer.trainer.backtest.replay import Agreement, Distribution, ReplayResult, run_replay
-from evotrainer.trainer.backtest.results import Arm, BacktestResult, ShortRunResult
-from evotrainer.trainer.backtest.schedule import backtest, backtest_all, train_controls
-from evotrainer.trainer.backtest.statistics import paired_bootstrap
+import importlib
 
-__all__ = ["Agreement", "Arm", "BacktestResult", "Bench", "Distribution", "Harness", "ReplayResult", "BacktestConfig",
-           "ShortRunResult", "arm_tag", "backtest", "backtest_all", "paired_bootstrap", "run_replay", "train_controls"]
+# imported on first use (PEP 562): the replay child runs `python -m evotrainer.trainer.backtest.replay`, which imports
+# this package first; importing replay here as well ran the module twice (a RuntimeWarning in every replay's log) and
+# made the child import the short-run machinery it never uses
+_WHERE = {"BacktestConfig": "evotrainer.base.config", "Bench": "arms", "Harness": "arms", "arm_tag": "arms",
+          "Agreement": "replay", "Distribution": "replay", "ReplayResult": "replay", "run_replay": "replay",
+          "Arm": "results", "BacktestResult": "results", "ShortRunResult": "results", "backtest": "schedule",
+          "backtest_all": "schedule", "train_controls": "schedule", "paired_bootstrap": "statistics"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    where = _WHERE[name]
+    return getattr(importlib.import_module(where if "." in where else f"{__name__}.{where}"), name)
