@@ -424,8 +424,9 @@ def test_a_repair_is_judged_against_its_start_and_a_plain_promotion_against_the_
     the policy it hands on is shown worse than what it replaced. A repair of a gate the champion failed replaced a
     control whose harness is invalid, so it is measured against the policy both arms started from, its cost against
     the control kept beside. Worst cases: a repair shown worse than the leaky control but not than its start (valid);
-    a repair shown worse than its start (invalid); a plain promotion shown worse than the control (invalid). The
-    policies' sealed scores are given (`_test`), so each case is exact."""
+    a repair shown worse than its start and the control (invalid), one worse than its start but better than a control
+    that fell (valid); a plain promotion shown worse than the control (invalid). The policies' sealed scores are
+    given (`_test`), so each case is exact."""
     from types import SimpleNamespace
 
     from evotrainer.agents.schemas import VerdictRecord
@@ -453,13 +454,14 @@ def test_a_repair_is_judged_against_its_start_and_a_plain_promotion_against_the_
                  tmp_path / "warm", "compare")
     measured = []
     start = policy(ws.path / "checkpoints" / "g0" / "policy", [1] * 140 + [0] * 60)  # 0.70
-    leaky = [1] * 180 + [0] * 20  # the leaky control rose to 0.90
-    cases = {"repair-even": ([1] * 140 + [0] * 60, ["leak_usage"], False),  # -0.20 against the control, 0 vs start
-             "repair-lost": ([1] * 100 + [0] * 100, ["leak_usage"], True),  # -0.20 against the start
-             "plain-lost": ([1] * 140 + [0] * 60, [], True)}  # a plain promotion measured against the control
-    for g, (name, (correct, repairs, invalid)) in enumerate(cases.items(), start=1):
+    rose, fell = [1] * 180 + [0] * 20, [1] * 80 + [0] * 120  # the leaky control rose to 0.90, or fell to 0.40
+    cases = {"repair-even": ([1] * 140 + [0] * 60, ["leak_usage"], rose, False),  # -0.20 vs control, 0 vs start
+             "repair-lost": ([1] * 100 + [0] * 100, ["leak_usage"], rose, True),  # -0.20 vs start, -0.40 vs control
+             "repair-ahead": ([1] * 100 + [0] * 100, ["leak_usage"], fell, False),  # -0.20 vs start, +0.10 vs control
+             "plain-lost": ([1] * 140 + [0] * 60, [], rose, True)}  # a plain promotion measured against the control
+    for g, (name, (correct, repairs, control, invalid)) in enumerate(cases.items(), start=1):
         arm = "s0-k20"
-        policy(ws.path / "backtests" / f"g{g}" / "control" / f"c-{arm}" / "checkpoints" / "policy", leaky,
+        policy(ws.path / "backtests" / f"g{g}" / "control" / f"c-{arm}" / "checkpoints" / "policy", control,
                parent=str(start), steps=20)
         after = policy(ws.path / "backtests" / f"g{g}" / name / f"x-{arm}" / "checkpoints" / "policy", correct,
                        parent=str(start), steps=20)
@@ -473,7 +475,8 @@ def test_a_repair_is_judged_against_its_start_and_a_plain_promotion_against_the_
         assert p["measured"] and p["invalid"] == invalid, (name, p)
         if repairs:
             assert p["against"] == "start" and p["before"] == str(start) and p["repairs"] == repairs
-            assert p["vs_control"]["delta"] == pytest.approx(sum(correct) / 200 - 0.9) and p["vs_control"]["invalid"]
+            assert p["vs_control"]["delta"] == pytest.approx((sum(correct) - sum(control)) / 200)
+            assert p["ci"][1] < 0 or not invalid
         else:
             assert p["against"] == "control" and p["delta"] == pytest.approx(-0.2) and "vs_control" not in p
         measured.append(p)
@@ -487,4 +490,5 @@ def test_a_repair_is_judged_against_its_start_and_a_plain_promotion_against_the_
     assert "`cand/g1-repair-even`: repairs leak_usage; against its start 0.700 -> 0.700, +0.000 [+0.000, +0.000]; " \
            "against the control 0.900: -0.200 [" in md
     assert "`cand/g2-repair-lost`: repairs leak_usage; against its start 0.700 -> 0.500, -0.200 [" in md
-    assert c.summaries[0].invalid_promotions == 2
+    assert "`cand/g3-repair-ahead`: repairs leak_usage; against its start 0.700 -> 0.500, -0.200 [" in md
+    assert c.summaries[0].invalid_promotions == 2  # repair-lost and plain-lost

@@ -230,8 +230,9 @@ class Compare:
         the policy it handed on against the generation's control arm of the same seed, start and steps (the
         champion harness). A replay-only promotion hands on the trained champion itself, so its harness is judged
         by the next generation's training against that champion. A repair of a gate the champion failed is judged
-        as the Critic judged it (validity first): invalid when shown worse than the policy both arms started from,
-        its cost against the control (whose harness it replaced for failing the gate) kept beside as `vs_control`."""
+        as the Critic judged it (validity first): measured against the policy both arms started from, its cost
+        against the control (whose harness it replaced for failing the gate) kept beside as `vs_control`, and
+        invalid only when shown worse than both."""
         from evotrainer.agents.schemas import VerdictRecord
 
         g = h.generation
@@ -258,8 +259,9 @@ class Compare:
         b = self._test(after, seed, ws.path, k=0)
         effect = self._effect(self._test(before, seed, ws.path, k=0), b)
         if repairs and start is not None and (start / "config.json").is_file():
+            vs_start = self._effect(self._test(start, seed, ws.path, k=0), b)
             return {**record, "before": str(start), "against": "start", "repairs": repairs, "vs_control": effect,
-                    **self._effect(self._test(start, seed, ws.path, k=0), b)}
+                    **vs_start, "invalid": vs_start["invalid"] and effect["invalid"]}
         return {**record, **effect}
 
     @staticmethod

@@ -98,9 +98,9 @@ def markdown(c: Comparison, pages: list[str] = ()) -> str:
     if promos:
         lines += ["", "Promotions and their effect on the sealed test (the policy handed on minus the generation's "
                   "control arm, what the main line would have been without it: same start, seed and steps; a "
-                  "replay-only promotion: the next generation's training minus the champion it replaced; a repair "
-                  "of a gate the champion failed: minus the policy both arms started from, the control it replaced "
-                  "beside; invalid when the interval lies below zero):", ""]
+                  "replay-only promotion: the next generation's training minus the champion it replaced; invalid "
+                  "when the interval lies below zero; a repair of a gate the champion failed: minus the policy both "
+                  "arms started from, the control it replaced beside, invalid when shown worse than both):", ""]
         for arm, seed, p in promos:
             effect = (f"{p['test_before']:.3f} -> {p['test_after']:.3f}, {p['delta']:+.3f} "
                       f"[{p['ci'][0]:+.3f}, {p['ci'][1]:+.3f}]{' **invalid**' if p['invalid'] else ''}"
