@@ -7,8 +7,9 @@ with its 2.5% quantile above `-margin`. Three outcomes: promote; reject (a faile
 gain has posterior probability at most 1 - level); inconclusive (neither: the evidence is kept and memory records
 it as inconclusive, not as a negative lesson). A gate
 binds the champion too, validity first: when the control arms (the champion harness) fail a gate that the candidate
-repairs (it passes every gate, and its own evidence no longer shows the gate's analyzer at all: a fault below the
-gate's level is a reprieve, not a repair), the champion's dev score is not one to beat, and the burden of proof is on
+repairs (`repairs_of`: the main line fails it too, and the candidate passes every gate with none of the failed
+metrics left at warning or critical severity: a fault below the gate's level is a reprieve, not a repair), the
+champion's dev score is not one to beat, and the burden of proof is on
 damage: the repair is promoted unless its paired interval shows it worse, by more than `repair_margin`, than both the
 champion's arm and the policy both arms started from (a leak can raise the control's score while it lasts, and the
 longer a line leans on it the more closing it costs in a short window: judged on point estimates, a repair costing
@@ -74,10 +75,25 @@ def posterior(delta: float, se: float, prior: Prior) -> Posterior:
     return Posterior(mean=mean, sd=sd, p_gain=0.5 * (1 + math.erf(mean / (sd * math.sqrt(2)))), low=mean - Z95 * sd)
 
 
+def repairs_of(s, failed_gates: list[str], champion_gates: set[str] | None) -> tuple[list[str], list[str]]:
+    """The gates the candidate repairs, and those it only brings under the gate's level (a reprieve). A repair: the
+    control arms fail the gate on their own evidence, and so does the main line (`champion_gates`, `analyzer/metric`
+    keys of the generation's diagnosis; None: not known), so the champion's failure is not one short run's chance;
+    the candidate passes every gate and shows none of the failed metrics at warning or critical severity."""
+    passed = sorted(set(s.control_gates) - set(failed_gates))
+    if champion_gates is not None:
+        passed = [g for g in passed if any(k.split("/", 1)[0] == g for k in champion_gates)]
+    keys = set(s.control_gate_keys)
+    shown = {f"{f.analyzer}/{f.metric}" if keys else f.analyzer for f in s.findings if f.severity != "info"}
+    still = [g for g in passed if any(k in shown for k in ([k for k in keys if k.split("/", 1)[0] == g] or [g]))]
+    return [g for g in passed if g not in still], still
+
+
 def judge(intervention: Intervention, backtest: BacktestResult | None, rule: PromotionRule,
-          error: str = "", prior: Prior | None = None) -> Verdict:
+          error: str = "", prior: Prior | None = None, champion_gates: set[str] | None = None) -> Verdict:
     """The rule's verdict on one candidate (the Critic's starting point, and its ceiling). `prior`: what memory
-    measured of the same change (`memory.prior.prior_for`); None: N(0, rule.prior_sd^2)."""
+    measured of the same change (`memory.prior.prior_for`); None: N(0, rule.prior_sd^2). `champion_gates`: the gates
+    (`analyzer/metric`) the main line's own evidence fails this generation; a repair must repair one of them."""
     branch = backtest.branch if backtest else ""
     if backtest is None:
         return Verdict(branch=branch, decision="reject", reasons=[error or "no backtest result"])
@@ -110,19 +126,29 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     interval = (f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps "
                 f"(MDE {s.mde:.3f}); P(gain) {post.p_gain:.2f}, posterior {post.mean:+.3f} +- {post.sd:.3f} (prior: "
                 f"{prior.source})")
-    passed = sorted(set(s.control_gates) - set(backtest.failed_gates))
-    still = sorted({f.analyzer for f in s.findings if f.analyzer in passed and f.severity != "info"})
-    repaired = [g for g in passed if g not in still]
+    repaired, still = repairs_of(s, backtest.failed_gates, champion_gates)
     base |= dict(repairs=repaired, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd), prior=prior.source)
     floor = rule.min_ci_low is None or s.ci_low > rule.min_ci_low
     if post.p_gain >= rule.level and post.low > -rule.margin and floor:
         moved = moved_as_hypothesised(intervention, backtest)
-        if moved is False:
+        if moved is not False:
+            return Verdict(decision="promote", reasons=[
+                f"{interval}: a gain with probability at least {rule.level:g}, no loss beyond {rule.margin:g} (2.5% "
+                "quantile), all gates pass"], **base)
+        if not repaired:  # a repair's mechanism is the gate it passes: it goes on to the repair rule below
             return Verdict(decision="reject", reasons=[f"{interval}, but {intervention.expected.metric} did not move "
                                                        f"{intervention.expected.direction} as hypothesised"], **base)
-        return Verdict(decision="promote", reasons=[
-            f"{interval}: a gain with probability at least {rule.level:g}, no loss beyond {rule.margin:g} (2.5% "
-            "quantile), all gates pass"], **base)
+    # under one reward: each arm's own harness would count a new term's level (or a constant bonus) as a rise
+    reward_rise = s.cross.reward_delta if s.cross else s.train_reward_delta
+    unexplained = reward_rise - s.train_correct_delta  # a curriculum raises both: that is not a hack
+    # a change that leaves every reward term as the champion's (a temperature, a learning rate) pays for nothing
+    # new: a gap between that reward and `correct` is the champion's, diagnosed on the main line
+    reward_changed = s.cross is None or any(t.status in ("new", "changed", "removed") for t in s.cross.terms)
+    if unexplained > rule.revise_reward_rise and s.delta <= 0 and reward_changed:  # before a repair: validity
+        return Verdict(decision="revise", reasons=[
+            f"train reward (the candidate's, on both arms) rose {reward_rise:+.3f} over the control "
+            f"({unexplained:+.3f} more than the sealed train correct rate) but {interval} and no gate fired: a "
+            "diagnostic missed what the reward paid for"], **base)
     if repaired:
         # the champion fails these gates on its own evidence, so its dev score is not one to beat: the candidate that
         # passes every gate replaces it unless it is shown worse than the champion's arm and than where both started
@@ -137,17 +163,6 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                 f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
                 f"{s.start_ci_high:+.3f}]: not shown to lose ground from where both arms started, all gates pass"],
                 **base)
-    # under one reward: each arm's own harness would count a new term's level (or a constant bonus) as a rise
-    reward_rise = s.cross.reward_delta if s.cross else s.train_reward_delta
-    unexplained = reward_rise - s.train_correct_delta  # a curriculum raises both: that is not a hack
-    # a change that leaves every reward term as the champion's (a temperature, a learning rate) pays for nothing
-    # new: a gap between that reward and `correct` is the champion's, diagnosed on the main line
-    reward_changed = s.cross is None or any(t.status in ("new", "changed", "removed") for t in s.cross.terms)
-    if unexplained > rule.revise_reward_rise and s.delta <= 0 and reward_changed:
-        return Verdict(decision="revise", reasons=[
-            f"train reward (the candidate's, on both arms) rose {reward_rise:+.3f} over the control "
-            f"({unexplained:+.3f} more than the sealed train correct rate) but {interval} and no gate fired: a "
-            "diagnostic missed what the reward paid for"], **base)
     harmful = s.ci_high < 0 or post.p_gain <= 1 - rule.level
     why = ("measured harmful: worse than the champion" if s.ci_high < 0 else
            f"measured harmful: a gain has probability {post.p_gain:.2f}" if harmful else
@@ -158,8 +173,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
         why += (f", and shown worse than the starting policy ({s.start_dev:.3f}) too, {s.start_delta:+.3f} "
                 f"[{s.start_ci_low:+.3f}, {s.start_ci_high:+.3f}], though it repairs {', '.join(repaired)}")
     if still:
-        why += (f"; it passes gate {', '.join(still)} that the champion fails, but its evidence still shows it: not a "
-                "repair")
+        why += (f"; it passes gate {', '.join(still)} that the champion fails, but its evidence still shows the fault "
+                "below the gate's level: not a repair")
     return Verdict(decision="reject" if harmful else "inconclusive",
                    reasons=[f"{interval}: {why} (stopped: {s.stopped})"], **base)
 

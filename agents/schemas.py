@@ -51,7 +51,8 @@ class Verdict(BaseModel):
     p_gain: float | None = Field(None, description="posterior probability of a dev gain (prior x short run)")
     posterior: tuple[float, float] | None = Field(None, description="posterior mean and standard deviation")
     prior: str = Field("", description="where the prior came from")
-    repairs: list[str] = Field(default_factory=list, description="gates the champion fails that this candidate passes")
+    repairs: list[str] = Field(default_factory=list, description="gates the champion fails that this candidate "
+                                                                 "repairs (`critic.repairs_of`)")
     inherited_gates: list[str] = Field(default_factory=list, description="failed gates the champion's own arms fail "
                                                                          "too: not this change's doing")
     lesson: str = Field("", description="what a later generation should learn from this candidate, in one or two "

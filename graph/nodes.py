@@ -55,10 +55,10 @@ def tried_on(lineage: list[BranchRecord], head: str) -> list[str]:
     - inconclusive with a positive estimate: that one may be tested once more, from the main line's later checkpoint
       with arms of its own, and memory's prior pools the two measurements (the first is in the store), so a
       promising change is extended until its answer is clear instead of dropped after one short run; or
-    - a repair of a gate the champion fails (its verdict's `repairs`), rejected or inconclusive on its dev score:
-      while the champion fails a gate no other change can be promoted (each inherits the failure), so the one
-      change that passed it is worth a second short run rather than a generation spent on candidates that cannot
-      win; the Critic's rule for a repair is unchanged."""
+    - a repair of a gate the champion fails (its verdict's `repairs`, `agents/critic.py::repairs_of`), not
+      promoted: while the champion fails a gate no other change can be promoted (each inherits the failure), so
+      the one change that repaired it is worth a second short run rather than a generation spent on candidates that
+      cannot win."""
     tests: dict[str, list[BranchRecord]] = {}
     for r in lineage:
         if r.parent == head and r.factor:
@@ -348,7 +348,9 @@ class Loop:
                 if self.cfg.loop.skill_memory else None
             if prior and iv.transform in applied:
                 prior = applied_again(prior, applied[iv.transform], self.rule.prior_sd)
-            v = judge(iv, bt, self.rule, cand.error, prior)
+            # a repair must repair a gate the main line fails on its own evidence (the diagnosis), not one short run's
+            v = judge(iv, bt, self.rule, cand.error, prior,
+                      champion_gates={f"{f.analyzer}/{f.metric}" for f in state.findings if f.gate})
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(CritiqueInput(verdict=v, intervention=iv, backtest=bt,
                                                              findings=state.findings)))

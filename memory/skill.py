@@ -44,7 +44,8 @@ class Validation(BaseModel):
     steps: int = 0
     dev_items: int = 0
     failed_gates: list[str] = Field(default_factory=list)
-    repairs: list[str] = Field(default_factory=list, description="gates the champion failed that this candidate passed")
+    repairs: list[str] = Field(default_factory=list, description="gates the champion failed that this candidate "
+                                                                 "repaired (its verdict's)")
     run: str = ""
     generation: int = 0
     branch: str = ""

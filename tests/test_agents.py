@@ -396,6 +396,45 @@ def test_promotion_rule():
     assert merge_llm_verdict(chosen["b"], veto).decision == "reject"
 
 
+def test_a_repair_silences_a_gate_the_main_line_fails_and_is_refused_only_when_shown_worse():
+    """Each decision path of the repair rule fed its worst case: the margin on either baseline, a finding that is
+    only information, the failed metric still shown below the gate's level (a reprieve) against another metric of
+    the same analyzer, a gate the control arms fail by chance while the main line passes it, a reward rise the sealed
+    grade does not confirm, and a repair whose hypothesised metric did not move."""
+    rule, lenient = PromotionRule(), PromotionRule(repair_margin=0.01)
+    leak = {"leak_usage/leak_usage_ratio"}
+
+    def bt(delta, lo, hi, findings=(), keys=("leak_usage/leak_usage_ratio",), **kw):
+        b = _backtest(delta, lo, hi, control_gates=["leak_usage"], **kw)
+        return b.model_copy(update={"short_run": b.short_run.model_copy(update={
+            "findings": list(findings), "control_gate_keys": list(keys)})})
+
+    def finding(metric, severity):
+        return Finding(analyzer="leak_usage", metric=metric, value=0.03, severity=severity, message="m")
+
+    # the margin holds on the champion's arm as on the start, and no further
+    assert judge(IV, bt(-0.03, -0.06, -0.01), lenient, champion_gates=leak).decision == "promote"
+    assert judge(IV, bt(-0.03, -0.06, -0.011), lenient, champion_gates=leak).decision == "reject"
+    # information is not a fault; a warning on another metric of the analyzer is not the failed one
+    info = judge(IV, bt(0.0, -0.03, 0.03, [finding("leak_usage_ratio", "info")]), rule, champion_gates=leak)
+    assert info.decision == "promote" and info.repairs == ["leak_usage"]
+    other = judge(IV, bt(0.0, -0.03, 0.03, [finding("resolved_with_leak_ratio", "warning")]), rule, champion_gates=leak)
+    assert other.decision == "promote" and other.repairs == ["leak_usage"]
+    reprieve = judge(IV, bt(0.0, -0.03, 0.03, [finding("leak_usage_ratio", "warning")]), rule, champion_gates=leak)
+    assert reprieve.decision == "inconclusive" and reprieve.repairs == [] and "not a repair" in reprieve.reasons[0]
+    # the control arms fail the gate but the main line's own evidence does not: one short run's chance, no repair
+    chance = judge(IV, bt(0.0, -0.03, 0.03), rule, champion_gates={"truncation/truncated_ratio"})
+    assert chance.decision == "inconclusive" and chance.repairs == []
+    # a reward that pays what the sealed grade does not confirm goes to revision before any repair is considered
+    paid = judge(IV, bt(-0.01, -0.04, 0.02, reward_delta=0.08), rule, champion_gates=leak)
+    assert paid.decision == "revise"
+    # a repair's mechanism is the gate: a dev gain whose hypothesised metric did not move is still a repair
+    down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
+                                                                            "direction": "down"})})
+    assert judge(down, bt(0.05, 0.02, 0.08), rule, champion_gates=leak).decision == "promote"
+    assert judge(down, _backtest(0.05, 0.02, 0.08), rule).decision == "reject"  # not a repair: rejected as before
+
+
 def _gate(analyzer: str, metric: str) -> Finding:
     return Finding(analyzer=analyzer, metric=metric, value=1.0, severity="critical", gate=True, message="m")
 

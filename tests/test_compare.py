@@ -476,7 +476,7 @@ def test_a_repair_is_judged_against_its_start_and_a_plain_promotion_against_the_
         if repairs:
             assert p["against"] == "start" and p["before"] == str(start) and p["repairs"] == repairs
             assert p["vs_control"]["delta"] == pytest.approx((sum(correct) - sum(control)) / 200)
-            assert p["ci"][1] < 0 or not invalid
+            assert p["invalid"] == (p["ci"][1] < 0 and p["vs_control"]["ci"][1] < 0)
         else:
             assert p["against"] == "control" and p["delta"] == pytest.approx(-0.2) and "vs_control" not in p
         measured.append(p)

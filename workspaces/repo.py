@@ -73,7 +73,7 @@ class BranchRecord(BaseModel):
     status: Literal["open", "promoted", "rejected", "inconclusive"]
     effect: float | None = None
     reason: str = ""
-    repairs: list[str] = []  # the gates the champion failed that the candidate passed (its verdict's)
+    repairs: list[str] = []  # the gates the champion failed that the candidate repaired (its verdict's)
 
 
 def slugify(text: str, max_len: int = 40) -> str:

@@ -82,7 +82,7 @@ class Compare:
                 cell = cell.model_copy(update={"k": ev.k, "sampled_correct": ev.sampled_correct})
                 atomic_write_text(path, cell.model_dump_json(indent=1))
             repairs = {v["branch"] for v in cell.lineage if v.get("repairs") and v["decision"] == "promote"}
-            if any("against" not in p or (p["against"] == "control" and p["branch"] in repairs)
+            if any("against" not in p or (p["branch"] in repairs and "repairs" not in p)
                    for p in cell.promotions) or any("mde" not in v for v in cell.lineage):
                 # written before promotions were measured against the control arm (a repair's against its start),
                 # or the lineage kept the MDE
@@ -253,14 +253,14 @@ class Compare:
         verdict = VerdictRecord.load(ws.verdict_path(h.promoted)) if h.promoted else None
         repairs = list(verdict.repairs) if verdict is not None and against == "control" else []
         record = {"generation": g, "branch": h.promoted, "before": str(before), "after": str(after),
-                  "against": against}
+                  "against": against, **({"repairs": repairs} if repairs else {})}
         if before is None or not (after / "config.json").is_file():
             return {**record, "measured": False, "invalid": False}
         b = self._test(after, seed, ws.path, k=0)
         effect = self._effect(self._test(before, seed, ws.path, k=0), b)
         if repairs and start is not None and (start / "config.json").is_file():
             vs_start = self._effect(self._test(start, seed, ws.path, k=0), b)
-            return {**record, "before": str(start), "against": "start", "repairs": repairs, "vs_control": effect,
+            return {**record, "before": str(start), "against": "start", "vs_control": effect,
                     **vs_start, "invalid": vs_start["invalid"] and effect["invalid"]}
         return {**record, **effect}
 
