@@ -9,11 +9,11 @@ it as inconclusive, not as a negative lesson). A gate
 binds the champion too, validity first: when the control arms (the champion harness) fail a gate that the candidate
 repairs (`repairs_of`: the main line fails it too, and the candidate passes every gate with none of the failed
 metrics left at warning or critical severity: a fault below the gate's level is a reprieve, not a repair), the
-champion's dev score is not one to beat, and the burden of proof is on
-damage: the repair is promoted unless its paired interval shows it worse, by more than `repair_margin`, than both the
-champion's arm and the policy both arms started from (a leak can raise the control's score while it lasts, and the
-longer a line leans on it the more closing it costs in a short window: judged on point estimates, a repair costing
-nothing would be refused half the time).
+champion's dev score is not one to beat (a candidate arm with no group whose rewards differ learned nothing and
+repairs nothing), and the burden of proof is on damage: the repair is promoted unless its paired interval shows it
+worse, by more than `repair_margin`, than both the champion's arm and the policy both arms started from (a leak can
+raise the control's score while it lasts, and the longer a line leans on it the more closing it costs in a short
+window: judged on point estimates, a repair costing nothing would be refused half the time).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
 `max_promotions` winners per generation (the most probable gains): single-factor changes compose across
@@ -127,6 +127,11 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                 f"(MDE {s.mde:.3f}); P(gain) {post.p_gain:.2f}, posterior {post.mean:+.3f} +- {post.sd:.3f} (prior: "
                 f"{prior.source})")
     repaired, still = repairs_of(s, backtest.failed_gates, champion_gates)
+    # a harness under which every group's rewards were equal gave GRPO no advantage anywhere: the gate went quiet
+    # because nothing was learned (a "repair" that removes the tools the policy acts with), not because it was fixed
+    frozen = sorted(a.seed for a in s.arms if a.role == "candidate" and a.live_groups == 0)
+    quiet = repaired if frozen else []
+    repaired = [] if frozen else repaired
     base |= dict(repairs=repaired, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd), prior=prior.source)
     floor = rule.min_ci_low is None or s.ci_low > rule.min_ci_low
     if post.p_gain >= rule.level and post.low > -rule.margin and floor:
@@ -175,6 +180,9 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     if still:
         why += (f"; it passes gate {', '.join(still)} that the champion fails, but its evidence still shows the fault "
                 "below the gate's level: not a repair")
+    if quiet:
+        why += (f"; it passes gate {', '.join(quiet)} that the champion fails, but no training group of seed "
+                f"{', '.join(map(str, frozen))} had a reward spread, so it learned nothing: not a repair")
     return Verdict(decision="reject" if harmful else "inconclusive",
                    reasons=[f"{interval}: {why} (stopped: {s.stopped})"], **base)
 

@@ -17,7 +17,7 @@ from evotrainer.memory.distill import distill, trigger_of
 from evotrainer.memory.prior import Prior
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
-from evotrainer.trainer.backtest import Agreement, BacktestResult, Distribution, ReplayResult, ShortRunResult
+from evotrainer.trainer.backtest import Agreement, Arm, BacktestResult, Distribution, ReplayResult, ShortRunResult
 from evotrainer.trainer.diagnostics import Finding
 from evotrainer.trainer.harness import load_spec
 from evotrainer.workspaces import TEMPLATES
@@ -422,6 +422,16 @@ def test_a_repair_silences_a_gate_the_main_line_fails_and_is_refused_only_when_s
     assert other.decision == "promote" and other.repairs == ["leak_usage"]
     reprieve = judge(IV, bt(0.0, -0.03, 0.03, [finding("leak_usage_ratio", "warning")]), rule, champion_gates=leak)
     assert reprieve.decision == "inconclusive" and reprieve.repairs == [] and "not a repair" in reprieve.reasons[0]
+    # a harness under which no group's rewards differ trains nothing: the gate is quiet, not fixed
+    quiet = bt(0.0, -0.03, 0.03)
+    frozen = Arm(role="candidate", seed=0, commit="c", checkpoint="p", dev_accuracy=0.5, train_reward=0.0,
+                 train_correct=0.0, seconds=1, live_groups=0.0)
+    quiet = quiet.model_copy(update={"short_run": quiet.short_run.model_copy(update={"arms": [frozen]})})
+    stalled = judge(IV, quiet, rule, champion_gates=leak)
+    assert stalled.decision == "inconclusive" and stalled.repairs == [] and "learned nothing" in stalled.reasons[0]
+    live = quiet.model_copy(update={"short_run": quiet.short_run.model_copy(update={
+        "arms": [frozen.model_copy(update={"live_groups": 0.02})]})})
+    assert judge(IV, live, rule, champion_gates=leak).decision == "promote"
     # the control arms fail the gate but the main line's own evidence does not: one short run's chance, no repair
     chance = judge(IV, bt(0.0, -0.03, 0.03), rule, champion_gates={"truncation/truncated_ratio"})
     assert chance.decision == "inconclusive" and chance.repairs == []

@@ -176,6 +176,7 @@ def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(r
     assert "shaped_vs_sealed" in s.failed_gates and "shaped_vs_sealed" in res.failed_gates
     assert s.stopped == "gate" and s.seeds == [0] and s.dev_items == 200
     assert s.ci_low <= s.delta <= s.ci_high and s.mde > 0
+    assert 0 < cand.live_groups <= 1 and 0 < ctrl.live_groups <= 1  # groups whose rewards differ: each arm learned
     # both arms under both rewards: the changed correctness term pays the candidate's policy more among equally
     # correct rollouts, under the candidate's reward; under the champion's reward its rollouts earn no more
     c = s.cross

@@ -152,9 +152,10 @@ def train_arm(bench: Bench, start: Path, cfg: BacktestConfig, role: str, branch:
     ev = jobs.evaluate(ckpt, bench.domain, "dev", out, k=0, limit=cfg.dev_items, seed=seed,
                        expected_fingerprint=bench.fingerprint)
     rows = read_rollouts(bench.evidence, bench.generation, branch, [tag]).to_pandas()
+    spread = rows.groupby("group_id", sort=False)["reward"].agg(lambda x: float(x.max() - x.min()))
     arm = Arm(role=role, seed=seed, commit=commit, checkpoint=str(ckpt), dev_accuracy=ev.accuracy,
               train_reward=float(rows["reward"].mean()), train_correct=float(rows["correct"].mean()),
-              seconds=round(time.time() - started, 1))
+              seconds=round(time.time() - started, 1), live_groups=float((spread > 1e-9).mean()))
     return arm, np.array(ev.greedy_correct, dtype=float)
 
 

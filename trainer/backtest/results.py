@@ -22,6 +22,9 @@ class Arm(BaseModel):
     train_reward: float  # mean total reward under the arm's own harness
     train_correct: float  # sealed correct rate of its training rollouts
     seconds: float
+    # share of its training groups whose rewards differ: at 0 every GRPO advantage was zero, so the arm learned
+    # nothing from its reward (None: an arm recorded before it was kept)
+    live_groups: float | None = None
 
 
 class ShortRunResult(BaseModel):
