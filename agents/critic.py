@@ -8,12 +8,12 @@ gain has posterior probability at most 1 - level); inconclusive (neither: the ev
 it as inconclusive, not as a negative lesson). A gate
 binds the champion too, validity first: when the control arms (the champion harness) fail a gate that the candidate
 repairs (`repairs_of`: the main line fails it too, and the candidate passes every gate with none of the failed
-metrics left at warning or critical severity: a fault below the gate's level is a reprieve, not a repair), the
-champion's dev score is not one to beat (a candidate arm with no group whose rewards differ learned nothing and
-repairs nothing), and the burden of proof is on damage: the repair is promoted unless its paired interval shows it
-worse, by more than `repair_margin`, than both the champion's arm and the policy both arms started from (a leak can
-raise the control's score while it lasts, and the longer a line leans on it the more closing it costs in a short
-window: judged on point estimates, a repair costing nothing would be refused half the time).
+metrics left at warning or critical severity: a fault below the gate's level is a reprieve, not a repair; and it
+trained), the champion's dev score is not one to beat, and the burden of proof is on damage: the repair is promoted
+unless its paired interval shows it worse, by more than `repair_margin`, than both the champion's arm and the policy
+both arms started from (a leak can raise the control's score while it lasts, and the longer a line leans on it the
+more closing it costs in a short window: judged on point estimates, a repair costing nothing would be refused half
+the time).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
 `max_promotions` winners per generation (the most probable gains): single-factor changes compose across
@@ -75,18 +75,27 @@ def posterior(delta: float, se: float, prior: Prior) -> Posterior:
     return Posterior(mean=mean, sd=sd, p_gain=0.5 * (1 + math.erf(mean / (sd * math.sqrt(2)))), low=mean - Z95 * sd)
 
 
-def repairs_of(s, failed_gates: list[str], champion_gates: set[str] | None) -> tuple[list[str], list[str]]:
-    """The gates the candidate repairs, and those it only brings under the gate's level (a reprieve). A repair: the
+def repairs_of(s, failed_gates: list[str], champion_gates: set[str] | None) -> tuple[list[str], str]:
+    """The gates the candidate repairs, and why one it passed is not repaired ('' when none is). A repair: the
     control arms fail the gate on their own evidence, and so does the main line (`champion_gates`, `analyzer/metric`
     keys of the generation's diagnosis; None: not known), so the champion's failure is not one short run's chance;
-    the candidate passes every gate and shows none of the failed metrics at warning or critical severity."""
+    the candidate passes every gate and shows none of the failed metrics at warning or critical severity (below the
+    gate's level the fault is reprieved, not repaired); and it trained: a candidate arm in which no group's rewards
+    differ gave GRPO no advantage anywhere, so its gate went quiet because nothing was learned (a harness that
+    removes the tools the policy acts with), not because it was fixed."""
     passed = sorted(set(s.control_gates) - set(failed_gates))
     if champion_gates is not None:
         passed = [g for g in passed if any(k.split("/", 1)[0] == g for k in champion_gates)]
-    keys = set(s.control_gate_keys)
+    frozen = sorted(str(a.seed) for a in s.arms if a.role == "candidate" and a.live_groups == 0)
+    if passed and frozen:
+        return [], (f"it passes gate {', '.join(passed)} that the champion fails, but no training group of seed "
+                    f"{', '.join(frozen)} had a reward spread, so it learned nothing: not a repair")
+    keys = set(s.control_gate_keys)  # per metric; results recorded before they were kept: per analyzer
     shown = {f"{f.analyzer}/{f.metric}" if keys else f.analyzer for f in s.findings if f.severity != "info"}
-    still = [g for g in passed if any(k in shown for k in ([k for k in keys if k.split("/", 1)[0] == g] or [g]))]
-    return [g for g in passed if g not in still], still
+    still = [g for g in passed if ({k for k in keys if k.split("/", 1)[0] == g} or {g}) & shown]
+    why = (f"it passes gate {', '.join(still)} that the champion fails, but its evidence still shows the fault below "
+           "the gate's level: not a repair") if still else ""
+    return [g for g in passed if g not in still], why
 
 
 def judge(intervention: Intervention, backtest: BacktestResult | None, rule: PromotionRule,
@@ -126,12 +135,7 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     interval = (f"dev {s.delta:+.3f} [{s.ci_low:+.3f}, {s.ci_high:+.3f}] over {len(s.seeds)} seeds x {s.steps} steps "
                 f"(MDE {s.mde:.3f}); P(gain) {post.p_gain:.2f}, posterior {post.mean:+.3f} +- {post.sd:.3f} (prior: "
                 f"{prior.source})")
-    repaired, still = repairs_of(s, backtest.failed_gates, champion_gates)
-    # a harness under which every group's rewards were equal gave GRPO no advantage anywhere: the gate went quiet
-    # because nothing was learned (a "repair" that removes the tools the policy acts with), not because it was fixed
-    frozen = sorted(a.seed for a in s.arms if a.role == "candidate" and a.live_groups == 0)
-    quiet = repaired if frozen else []
-    repaired = [] if frozen else repaired
+    repaired, not_repaired = repairs_of(s, backtest.failed_gates, champion_gates)
     base |= dict(repairs=repaired, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd), prior=prior.source)
     floor = rule.min_ci_low is None or s.ci_low > rule.min_ci_low
     if post.p_gain >= rule.level and post.low > -rule.margin and floor:
@@ -177,12 +181,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     if repaired and s.start_delta is not None:
         why += (f", and shown worse than the starting policy ({s.start_dev:.3f}) too, {s.start_delta:+.3f} "
                 f"[{s.start_ci_low:+.3f}, {s.start_ci_high:+.3f}], though it repairs {', '.join(repaired)}")
-    if still:
-        why += (f"; it passes gate {', '.join(still)} that the champion fails, but its evidence still shows the fault "
-                "below the gate's level: not a repair")
-    if quiet:
-        why += (f"; it passes gate {', '.join(quiet)} that the champion fails, but no training group of seed "
-                f"{', '.join(map(str, frozen))} had a reward spread, so it learned nothing: not a repair")
+    if not_repaired:
+        why += f"; {not_repaired}"
     return Verdict(decision="reject" if harmful else "inconclusive",
                    reasons=[f"{interval}: {why} (stopped: {s.stopped})"], **base)
 
