@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from evotrainer.trainer.diagnostics import REGISTRY, run_all
+from evotrainer.trainer.diagnostics import REGISTRY, Finding, run_all
 from evotrainer.trainer.diagnostics.report import HealthReport, health_report, write_report
 from evotrainer.trainer.evidence import EvidenceWriter
 
@@ -166,3 +166,8 @@ def test_health_report_json_and_markdown(tmp_path):
     assert HealthReport.model_validate_json(path.read_text()) == report
     md = path.with_suffix(".md").read_text()
     assert "**GATE** `shaped_vs_sealed`" in md
+    # a small value keeps its digits (an update ratio of 2.7e-4 once read "= 0.000 (threshold 0.0003)")
+    small = report.model_copy(update={"findings": [Finding(analyzer="update_size", metric="median_update_ratio",
+                                                           value=2.7e-4, threshold=3e-4, severity="warning",
+                                                           message="m")]})
+    assert "median_update_ratio = 0.00027 (threshold 0.0003)" in small.markdown()

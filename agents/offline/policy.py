@@ -65,7 +65,7 @@ class OfflinePolicy:
         findings = sorted(inp.report.findings, key=lambda f: (not f.gate, _ORDER[f.severity], -abs(f.value)))
         bottlenecks = [Bottleneck(title=f.message, findings=[finding_id(f)], severity=f.severity,
                                   evidence=f.evidence[:5],
-                                  explanation=f"{f.analyzer} {f.metric} = {f.value:.3f}"
+                                  explanation=f"{f.analyzer} {f.metric} = {f.value:.3g}"
                                               + (f" (threshold {f.threshold:g})" if f.threshold is not None else "")
                                               + (": a failed gate" if f.gate else ""))
                        for f in findings]

@@ -43,7 +43,7 @@ class HealthReport(BaseModel):
         for f in sorted(self.findings, key=lambda f: ("critical", "warning", "info").index(f.severity)):
             gate = " **GATE**" if f.gate else ""
             thr = f" (threshold {f.threshold:g})" if f.threshold is not None else ""
-            lines.append(f"- **{f.severity}**{gate} `{f.analyzer}` {f.metric} = {f.value:.3f}{thr}: {f.message}")
+            lines.append(f"- **{f.severity}**{gate} `{f.analyzer}` {f.metric} = {f.value:.3g}{thr}: {f.message}")
             if f.evidence:
                 lines.append(f"  - e.g. {', '.join(f.evidence[:3])}")
         return "\n".join(lines) + "\n"
