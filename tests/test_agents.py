@@ -103,6 +103,9 @@ def test_preconditions_follow_the_findings():
     assert rate(TEMPLATE, []) == 1.5e-4 and rate(TEMPLATE, small) == 9.09e-4
     high = {**TEMPLATE, "harness.yaml": set_knob(TEMPLATE["harness.yaml"], "learning_rate", 5e-4)}
     assert apply("learning_rate", high, []) is None and rate(high, small) == 0.00455
+    # toward a healthy update of the harness's own policy: the swe template calibrates update_size at a third of the
+    # CPU policy's, so the same measurement there asks for 3x, not the ~9x that cost swe's line -0.4 on dev
+    assert rate(SWE_TEMPLATE, small) == pytest.approx(5e-5 * 1e-3 / 3 / 1.1e-4, rel=1e-2)
     unpaid = [F("unpaid_correct", "reward_correctness_unpaid_correct", 0.8, "critical")]
     assert apply("answer_parser", TEMPLATE, []) is None and apply("answer_parser", CODE_TEMPLATE, unpaid) is None
     assert apply("answer_parser", TEMPLATE, [F("unpaid_correct", "reward_unpaid_correct", 0.8, "critical")]) is None

@@ -463,6 +463,16 @@ def longer_limit(files: Files, findings: list[Finding]) -> Change | None:
 HEALTHY_UPDATE = 1e-3  # ||dw|| / ||w|| per step of the CPU policy at its tuned rate (the update_size analyzer)
 
 
+def healthy_update(files: Files) -> float:
+    """What a step of this harness's policy moves at a good rate: the CPU policy's, scaled as the harness scaled the
+    `update_size` analyzer's warning for its own policy (the swe template's: a third of it)."""
+    from evotrainer.trainer.diagnostics import REGISTRY
+
+    default = REGISTRY["update_size"].defaults["warning"]
+    own = ((_spec(files).get("analyzers") or {}).get("update_size") or {}).get("warning", default)
+    return HEALTHY_UPDATE * float(own) / default
+
+
 def learning_rate(files: Files, findings: list[Finding]) -> Change | None:
     if _fired(findings, "optimizer_health") or _fired(findings, "logprob_collapse"):
         return None  # unstable or collapsing already: a bigger step would make it worse
@@ -472,7 +482,7 @@ def learning_rate(files: Files, findings: list[Finding]) -> Change | None:
         return None
     # updates measured too small: scaled toward the update size of a healthy run (Adam's step is about proportional
     # to the rate), at most tenfold; with no measurement a cautious 1.5x
-    factor = min(10.0, max(1.5, HEALTHY_UPDATE / small[0].value)) if small and small[0].value > 0 else 1.5
+    factor = min(10.0, max(1.5, healthy_update(files) / small[0].value)) if small and small[0].value > 0 else 1.5
     new = float(f"{cur * factor:.3g}")
     return _knob_change(files, "learning_rate", new, f"raise the learning rate {cur:g} -> {new:g}",
                         "If the step is larger, the policy moves further toward the solutions it already samples "
