@@ -116,6 +116,20 @@ def test_each_analyzer_fires_on_its_failure(kind):
         assert any(f.evidence for f in findings)
 
 
+def test_a_step_with_every_group_dead_says_nothing_about_the_learning_rate():
+    """swe/short_turns' evidence: every group dead on every step, so no step moved the weights (update ratio 0); that
+    is the harness starving the gradient (`dead_groups`), not a learning rate too low, and the Planner then put a
+    learning-rate raise first. Only steps with a live group are measured; with fewer than three, nothing is said."""
+    df, steps = crafted("update_size")
+    steps["frac_zero_std"] = 0.25
+    assert "update_size" in fired(df, steps)  # the rate is too low where groups are live
+    starved = steps.assign(update_ratio=0.0, frac_zero_std=1.0)
+    assert "update_size" not in fired(df, starved)
+    mixed = steps.assign(update_ratio=[0.0 if i % 2 else 4e-4 for i in range(len(steps))],
+                         frac_zero_std=[1.0 if i % 2 else 0.5 for i in range(len(steps))])
+    assert len(mixed) >= 6 and "update_size" not in fired(df, mixed)  # the live steps move 4e-4: healthy
+
+
 def test_solve_rate_needs_enough_rollouts_of_a_level_to_call_it_never_solved():
     """A level never solved on 16 rollouts is not "too hard" (the curriculum would drop it): it says how many it
     needs; on 150 it is."""

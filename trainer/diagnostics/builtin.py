@@ -326,16 +326,23 @@ def update_size(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     relative to their size (||dw|| / ||w||, the steps' `update_ratio`). Nothing else shows a learning rate that is
     too low: groups, rewards and lengths look normal, the reward only creeps. Calibrated on the ~1M-parameter CPU
     policy (lr 1e-4: 0.9-2e-3 over its first steps; lr 1e-5: 1-2e-4); a pretrained model fine-tuned with RL moves
-    far less per step by design, so set this analyzer's thresholds in its harness."""
-    if s is None or "update_ratio" not in s or s["update_ratio"].notna().sum() < 3:
+    far less per step by design, so set this analyzer's thresholds in its harness. A step whose groups were all dead
+    (`frac_zero_std` 1: every advantage zero) moves nothing whatever the rate, so it is not counted: a harness that
+    starves the gradient is `dead_groups`' finding, not a learning rate's."""
+    if s is None or "update_ratio" not in s:
         return []
-    ratio = float(s["update_ratio"].median())
+    measured = s["update_ratio"].notna()
+    if "frac_zero_std" in s:
+        measured &= ~(s["frac_zero_std"] >= 1.0)
+    if measured.sum() < 3:
+        return []
+    ratio = float(s.loc[measured, "update_ratio"].median())
     sev, thr = _level(ratio, t["warning"], t["critical"], above=False)
     if not sev:
         return []
     return [Finding(analyzer="update_size", metric="median_update_ratio", value=ratio, threshold=thr, severity=sev,
                     message=f"each optimizer step moves the weights by {ratio:.1e} of their norm (median of "
-                            f"{int(s['update_ratio'].notna().sum())} steps; a healthy run of this policy moves "
+                            f"{int(measured.sum())} steps; a healthy run of this policy moves "
                             f"~1e-3): the updates are too small to learn much")]
 
 
