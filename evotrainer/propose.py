@@ -123,6 +123,7 @@ def verdict_for(run_dir: str | Path, result):
     would start from it; written to reports/verdict-<branch>.json."""
     from evotrainer.agents.critic import judge
     from evotrainer.agents.schemas import Intervention, VerdictRecord
+    from evotrainer.trainer.backtest.replay import gate_keys
     from evotrainer.trainer.diagnostics.report import HealthReport
     from evotrainer.workspaces.run import RunWorkspace
 
@@ -133,8 +134,7 @@ def verdict_for(run_dir: str | Path, result):
                       factor=record.factor or "(none)", change=record.factor or "(none)")
     # as in the loop, a repair must repair a gate the main line fails: its health before this generation's candidates
     health = ws.path / "reports" / f"health-g{record.generation - 1}-main.json"
-    gates = ({f"{f.analyzer}/{f.metric}" for f in HealthReport.model_validate_json(health.read_text()).findings
-              if f.gate} if health.is_file() else None)
+    gates = gate_keys(HealthReport.model_validate_json(health.read_text()).findings) if health.is_file() else None
     verdict = judge(iv, result, rule, champion_gates=gates)
     VerdictRecord(**verdict.model_dump(), intervention=iv, author="promotion rule",
                   generation=record.generation).save(ws.verdict_path(result.branch))

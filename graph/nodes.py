@@ -42,6 +42,7 @@ from evotrainer.memory.prior import applied_again, prior_for, priors_for
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import arm_tag, backtest_all
+from evotrainer.trainer.backtest.replay import gate_keys
 from evotrainer.trainer.evidence import adopt, read_rollouts
 from evotrainer.workspaces.repo import BranchRecord
 from evotrainer.workspaces.run import RunWorkspace
@@ -348,9 +349,9 @@ class Loop:
                 if self.cfg.loop.skill_memory else None
             if prior and iv.transform in applied:
                 prior = applied_again(prior, applied[iv.transform], self.rule.prior_sd)
-            # a repair must repair a gate the main line fails on its own evidence (the diagnosis), not one short run's
-            v = judge(iv, bt, self.rule, cand.error, prior,
-                      champion_gates={f"{f.analyzer}/{f.metric}" for f in state.findings if f.gate})
+            # a repair must repair a gate the main line fails on its own evidence (the diagnosis), not only a gate one
+            # short run's control arms failed by chance
+            v = judge(iv, bt, self.rule, cand.error, prior, champion_gates=gate_keys(state.findings))
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(CritiqueInput(verdict=v, intervention=iv, backtest=bt,
                                                              findings=state.findings)))

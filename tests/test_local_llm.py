@@ -50,7 +50,7 @@ def test_bounded_schema_bounds_every_open_string_and_array():
 def server(cache_dir):
     """The shared server, started for this module and stopped after it. Its context is capped at 2048 tokens: the
     loop's longest prompts (over 6,000 tokens) are cut in their middle to what the reply's 1,024 leave, which bounds
-    each call's prefill on one thread (a 6.2k-token prompt took 70 s, a 2k one 13-18 s beside a benchmark); the loop
+    each call's prefill on one thread (a 6.2k-token prompt took 70 s, a 2k one 15-20 s beside a benchmark); the loop
     test checks the structure of what comes back, not its wisdom."""
     local_llm.stop_server()
     yield local_llm.ensure_server(context=2048)

@@ -29,7 +29,7 @@ from evotrainer.agents.offline.edits import (
     set_threshold,
 )
 from evotrainer.agents.schemas import ExpectedEffect
-from evotrainer.trainer.diagnostics import Finding
+from evotrainer.trainer.diagnostics import REGISTRY, Finding
 from evotrainer.trainer.harness import TRAINER_DEFAULTS
 
 Files = dict[str, str]  # path in the harness -> text
@@ -466,8 +466,6 @@ HEALTHY_UPDATE = 1e-3  # ||dw|| / ||w|| per step of the CPU policy at its tuned 
 def healthy_update(files: Files) -> float:
     """What a step of this harness's policy moves at a good rate: the CPU policy's, scaled as the harness scaled the
     `update_size` analyzer's warning for its own policy (the swe template's: a third of it)."""
-    from evotrainer.trainer.diagnostics import REGISTRY
-
     default = REGISTRY["update_size"].defaults["warning"]
     own = ((_spec(files).get("analyzers") or {}).get("update_size") or {}).get("warning", default)
     return HEALTHY_UPDATE * float(own) / default
