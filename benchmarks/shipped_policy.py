@@ -5,14 +5,13 @@ configuration in a scratch cache and compare.
 
 For each shipped key whose configuration is the default of its domain (the only ones `cached_policy` ever finds),
 the warm-up runs in a child exactly as on a cache miss (`EVOTRAINER_NO_SHIPPED=1`, all cores), then prints whether
-the weights are identical (sha256 of model.safetensors), the largest absolute weight difference otherwise, the SFT
+the weights are identical (their sha256, `weights_digest`), the largest absolute weight difference otherwise, the SFT
 steps of each, and the wall time of the rebuild.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -20,10 +19,6 @@ import time
 from pathlib import Path
 
 from evotrainer.base.settings import apply_offline_switches
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def main() -> None:
@@ -35,7 +30,7 @@ def main() -> None:
     os.environ["EVOTRAINER_CACHE"] = str(args.work / "cache")
     os.environ["EVOTRAINER_NO_SHIPPED"] = "1"
     from evotrainer.trainer import jobs
-    from evotrainer.trainer.policy import SHIPPED, cache_key, default_configs
+    from evotrainer.trainer.policy import SHIPPED, cache_key, default_configs, weights_digest
 
     for shipped in sorted(p for p in SHIPPED.iterdir() if (p / "meta.json").is_file()):
         if args.only and shipped.name != args.only:
@@ -49,9 +44,10 @@ def main() -> None:
         built = jobs.warm_policy(meta["domain"], meta["seed"], args.work / "work")
         seconds = time.time() - started
         a, b = shipped / "model.safetensors", built / "model.safetensors"
-        same = sha256(a) == sha256(b)
+        da, db = weights_digest(shipped), weights_digest(built)
+        same = da == db
         line = f"{shipped.name}: rebuilt in {seconds:.0f} s; weights {'identical' if same else 'differ'} " \
-               f"(sha256 {sha256(a)} shipped, {sha256(b)} rebuilt); SFT steps {meta['steps']} shipped, " \
+               f"(sha256 {da} shipped, {db} rebuilt); SFT steps {meta['steps']} shipped, " \
                f"{json.loads((built / 'meta.json').read_text())['steps']} rebuilt"
         if not same:
             from safetensors.numpy import load_file

@@ -22,8 +22,10 @@ from evotrainer.compare import (
     static_harness,
     summarize,
 )
+from evotrainer.compare.execution import check_start
 from evotrainer.compare.hpo import current, propose, space, template_recipe, trial_count
 from evotrainer.trainer.harness import load_spec
+from evotrainer.trainer.policy import weights_digest
 from evotrainer.workspaces.source import starting_harness
 
 from .conftest import last_json, run_cli
@@ -128,6 +130,37 @@ def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
         check_request(tmp_path, {**request, "arms": ["reference"]})
     with pytest.raises(UserError, match="other settings"):
         check_request(tmp_path, {**request, "budget": "smoke"})
+
+
+def test_a_comparison_computes_more_cells_only_from_the_weights_its_cells_started_from(tmp_path):
+    request = {"domain": "swe", "seeds": 3, "arms": ["evotrainer", "reference"], "budget": "default",
+               "checkpoint": None}
+    here, there = tmp_path / "here", tmp_path / "there"  # one warm policy's key, built on two machines
+    for path, byte in ((here, b"\x01"), (there, b"\x02")):
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(byte * 4096)
+    out = tmp_path / "cmp"
+    out.mkdir()
+    check_request(out, request)
+    check_start(out, here, finished=False)
+    recorded = weights_digest(here)
+    assert json.loads((out / "request.json").read_text())["start_weights"] == recorded != weights_digest(there)
+    check_request(out, {**request, "seeds": 5})  # a resume's request keeps the record
+    check_start(out, here, finished=False)
+    with pytest.raises(UserError, match=f"computed from start weights {recorded}, but {there} holds"):
+        check_start(out, there, finished=False)
+    check_start(out, there, finished=True)  # every cell done: only read, its report written again anywhere
+    assert json.loads((out / "request.json").read_text())["start_weights"] == recorded
+    older = tmp_path / "older"  # recorded before the check: pinned by its first resume that computes
+    older.mkdir()
+    (older / "request.json").write_text(json.dumps(request))
+    check_start(older, there, finished=True)
+    assert "start_weights" not in json.loads((older / "request.json").read_text())
+    check_start(older, there, finished=False)
+    with pytest.raises(UserError, match="computed from start weights"):
+        check_start(older, here, finished=False)
+    with pytest.raises(UserError, match="holds no weights"):
+        weights_digest(tmp_path)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -394,6 +427,14 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, scripte
     assert (again_ref["main_steps"], again_ref["greedy_correct"]) == (ref["main_steps"], ref["greedy_correct"])
     other = run_cli(*[a if a != arms else "reference" for a in args])
     assert other.returncode == 2 and "holds a comparison with other settings" in other.stderr
+    # the weights every arm started from are recorded: a cell left to compute from other weights is refused
+    request = json.loads((out / "request.json").read_text())
+    assert request["start_weights"] == weights_digest(tiny_policy)
+    (out / "request.json").write_text(json.dumps({**request, "start_weights": "0" * 16}))
+    old.unlink()
+    elsewhere = run_cli(*args)
+    assert elsewhere.returncode == 2 and "computed from start weights 0000000000000000" in elsewhere.stderr
+    assert not old.exists()
 
 
 def test_a_budget_fixes_only_the_loop_settings_it_names():

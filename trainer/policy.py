@@ -215,6 +215,21 @@ def cached_policy(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warm
     return path if (path / "meta.json").is_file() else None
 
 
+def weights_digest(checkpoint: Path) -> str:
+    """A checkpoint's weights, named: sha256 over its weight files (16 hex digits). The warm-up is deterministic on one
+    machine but not across CPUs, so a policy's cache key (its configuration) does not name its weights; results meant
+    to be paired with each other (a comparison's cells) record this instead."""
+    files = sorted(p for p in Path(checkpoint).iterdir() if p.suffix in (".safetensors", ".bin"))
+    if not files:
+        raise UserError(f"{checkpoint} holds no weights (no .safetensors or .bin file): point at a model directory")
+    h = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 def _length_bucketed(tasks: list, batch_size: int, seed: int, noise: float = 0.0, size=None) -> list[dict]:
     """SFT rows ordered so that each batch holds examples of similar length, batches in random order.
 

@@ -350,15 +350,39 @@ class Compare:
 def check_request(out: Path, request: dict) -> None:
     """Record the request in `out`, refusing one that differs from the recorded one in anything but the number of
     seeds and where the starting harness was read from (its digest names it): more seeds extend a comparison (the
-    cells of the first seeds are kept), other settings would mix arms measured differently."""
+    cells of the first seeds are kept), other settings would mix arms measured differently. The start's weights,
+    known only after the warm-up, are checked by `check_start`."""
     req = out / "request.json"
-    loose = ("seeds", "harness_path")
-    if req.is_file():
-        before = json.loads(req.read_text())
-        if {k: v for k, v in before.items() if k not in loose} != {k: v for k, v in request.items() if k not in loose}:
-            raise UserError(f"{out} holds a comparison with other settings ({req.read_text().strip()}): rerun it "
-                            "with those (--seeds may grow), or choose a new directory")
-    atomic_write_text(req, json.dumps(request))
+    loose = ("seeds", "harness_path", "start_weights")
+    before = json.loads(req.read_text()) if req.is_file() else {}
+    if before and {k: v for k, v in before.items() if k not in loose} != \
+            {k: v for k, v in request.items() if k not in loose}:
+        raise UserError(f"{out} holds a comparison with other settings ({req.read_text().strip()}): rerun it "
+                        "with those (--seeds may grow), or choose a new directory")
+    kept = {"start_weights": before["start_weights"]} if "start_weights" in before else {}
+    atomic_write_text(req, json.dumps(request | kept))
+
+
+def check_start(out: Path, start: Path, finished: bool) -> None:
+    """Record the weights every arm starts from (`weights_digest`), refusing to compute more cells from others than
+    the recorded cells were. A warm policy's cache key names its configuration, not its weights, and the warm-up is
+    deterministic on one machine but not across CPUs: a comparison resumed elsewhere from its committed cells would
+    pair arms that started from different policies. A `finished` comparison is only read (its report may be written
+    again anywhere, nothing recorded); one recorded before this check is pinned by its first resume that computes."""
+    from evotrainer.trainer.policy import weights_digest
+
+    if finished:
+        return
+    req = out / "request.json"
+    request = json.loads(req.read_text())
+    weights = weights_digest(start)
+    if request.get("start_weights", weights) != weights:
+        raise UserError(f"{out}'s cells were computed from start weights {request['start_weights']}, but {start} "
+                        f"holds {weights} (a warm policy built on another machine differs: the warm-up is not "
+                        "bit-reproducible across CPUs): resume where they were computed, or with that machine's "
+                        f"copy of {start}, or choose a new directory")
+    if request.get("start_weights") != weights:
+        atomic_write_text(req, json.dumps(request | {"start_weights": weights}))
 
 
 @contextmanager
@@ -448,6 +472,7 @@ def compare(out: Path, domain: str | None, seeds: int, arms: list[str] | None, b
     start = checkpoint.resolve() if checkpoint else trainer_jobs.warm_policy(domain, 0, out, on_progress=on_progress)
     cmp = Compare(out, start_harness, list(range(seeds)), arms, budget_for(budget_name, domain), budget_name, start,
                   command, status, meta_llm=meta_llm, api_base=api_base)
+    check_start(out, start, finished=all(cmp.cell_path(a, s).is_file() for a in arms for s in range(seeds)))
     if jobs == 1:
         return cmp.run()
     args = ["compare", "--domain", domain, "--seeds", str(seeds), "--arms", ",".join(arms), "--budget", budget_name,
