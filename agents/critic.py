@@ -14,6 +14,13 @@ unless its paired interval shows it worse, by more than `repair_margin`, than bo
 both arms started from (a leak can raise the control's score while it lasts, and the longer a line leans on it the
 more closing it costs in a short window: judged on point estimates, a repair costing nothing would be refused half
 the time).
+A defect that is not a gate is weighed the same way when it is plainly there: when the main line shows it at
+critical severity and the control arms show it too, a candidate in whose every arm the metric is silent and that
+trained (`fixes_of`) is promoted unless its paired interval shows it worse than the champion's arm by more than
+`fix_margin` (the champion's score is valid here, so that arm alone is the baseline). A diagnosed defect's fix
+rarely pays measurably within one 20-step window (a completion limit that cuts a third of the programs, a learning
+rate ten times too small on a noisy task): judged on a gain, the loop diagnosed such defects on every seed and left
+half of them in place (docs/results/repair/README.md).
 It is the only way to a `promote` decision: an LLM Critic explains and may reject or ask for revision,
 but `merge_llm_verdict` never lets it promote what the rule refuses. `choose` keeps at most
 `max_promotions` winners per generation (the most probable gains): single-factor changes compose across
@@ -86,7 +93,7 @@ def repairs_of(s, failed_gates: list[str], champion_gates: set[str] | None) -> t
     passed = sorted(set(s.control_gates) - set(failed_gates))
     if champion_gates is not None:
         passed = [g for g in passed if any(k.split("/", 1)[0] == g for k in champion_gates)]
-    frozen = sorted(str(a.seed) for a in s.arms if a.role == "candidate" and a.live_groups == 0)
+    frozen = _frozen(s)
     if passed and frozen:
         return [], (f"it passes gate {', '.join(passed)} that the champion fails, but no training group of seed "
                     f"{', '.join(frozen)} had a reward spread, so it learned nothing: not a repair")
@@ -98,11 +105,38 @@ def repairs_of(s, failed_gates: list[str], champion_gates: set[str] | None) -> t
     return [g for g in passed if g not in still], why
 
 
+def _frozen(s) -> list[str]:
+    """The seeds of candidate arms in which no group's rewards differed: GRPO had no advantage anywhere, so a
+    finding that went quiet there went quiet because nothing was learned (a harness that removes the tools the policy
+    acts with), not because it was fixed."""
+    return sorted(str(a.seed) for a in s.arms if a.role == "candidate" and a.live_groups == 0)
+
+
+def fixes_of(s, champion_defects: set[str] | None) -> tuple[list[str], str]:
+    """The defects (`analyzer/metric`, not gates) the candidate fixes, and why one it silenced is not fixed ('' when
+    none is). A fix: the main line shows the metric at critical severity (`champion_defects`, from the generation's
+    diagnosis; None: not known), the control arms show it at warning or critical severity on their own short-run
+    evidence (`control_defects`: the defect is there in this very comparison, not only on a longer line), no arm of
+    the candidate shows it even as a warning, and the candidate trained (`_frozen`)."""
+    if not champion_defects:
+        return [], ""
+    silenced = sorted(champion_defects & set(s.control_defects))
+    shown = {f"{f.analyzer}/{f.metric}" for f in s.findings if f.severity != "info"}
+    fixed = [k for k in silenced if k not in shown]
+    if fixed and (frozen := _frozen(s)):
+        return [], (f"its evidence no longer shows {', '.join(fixed)}, but no training group of seed "
+                    f"{', '.join(frozen)} had a reward spread, so it learned nothing: not a fix")
+    return fixed, ""
+
+
 def judge(intervention: Intervention, backtest: BacktestResult | None, rule: PromotionRule,
-          error: str = "", prior: Prior | None = None, champion_gates: set[str] | None = None) -> Verdict:
+          error: str = "", prior: Prior | None = None, champion_gates: set[str] | None = None,
+          champion_defects: set[str] | None = None) -> Verdict:
     """The rule's verdict on one candidate (the Critic's starting point, and its ceiling). `prior`: what memory
     measured of the same change (`memory.prior.prior_for`); None: N(0, rule.prior_sd^2). `champion_gates`: the gates
-    (`analyzer/metric`) the main line's own evidence fails this generation; a repair must repair one of them."""
+    (`analyzer/metric`) the main line's own evidence fails this generation; a repair must repair one of them.
+    `champion_defects`: the other metrics it shows at critical severity (`severe_keys(findings, ("critical",))`); a
+    fix must fix one of them."""
     branch = backtest.branch if backtest else ""
     if backtest is None:
         return Verdict(branch=branch, decision="reject", reasons=[error or "no backtest result"])
@@ -136,7 +170,9 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                 f"(MDE {s.mde:.3f}); P(gain) {post.p_gain:.2f}, posterior {post.mean:+.3f} +- {post.sd:.3f} (prior: "
                 f"{prior.source})")
     repaired, not_repaired = repairs_of(s, backtest.failed_gates, champion_gates)
-    base |= dict(repairs=repaired, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd), prior=prior.source)
+    fixed, not_fixed = fixes_of(s, champion_defects) if rule.fix_margin is not None else ([], "")
+    base |= dict(repairs=repaired, fixes=fixed, mde=s.mde, p_gain=post.p_gain, posterior=(post.mean, post.sd),
+                 prior=prior.source)
     floor = rule.min_ci_low is None or s.ci_low > rule.min_ci_low
     if post.p_gain >= rule.level and post.low > -rule.margin and floor:
         moved = moved_as_hypothesised(intervention, backtest)
@@ -144,7 +180,7 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
             return Verdict(decision="promote", reasons=[
                 f"{interval}: a gain with probability at least {rule.level:g}, no loss beyond {rule.margin:g} (2.5% "
                 "quantile), all gates pass"], **base)
-        if not repaired:  # a repair's mechanism is the gate it passes: it goes on to the repair rule below
+        if not (repaired or fixed):  # a repair's mechanism is the gate it passes, a fix's the defect it removes
             return Verdict(decision="reject", reasons=[f"{interval}, but {intervention.expected.metric} did not move "
                                                        f"{intervention.expected.direction} as hypothesised"], **base)
     # under one reward: each arm's own harness would count a new term's level (or a constant bonus) as a rise
@@ -172,6 +208,13 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                 f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
                 f"{s.start_ci_high:+.3f}]: not shown to lose ground from where both arms started, all gates pass"],
                 **base)
+    if fixed and s.ci_high >= -rule.fix_margin:
+        # the defect is plain on the main line and in this comparison's control arms, and gone from the candidate's:
+        # its fix replaces the champion unless shown worse than it (the champion's score is valid: no gate fails)
+        return Verdict(decision="promote", reasons=[
+            f"fixes {', '.join(fixed)}, critical on the main line and shown by the champion's arms, silent in every "
+            f"arm of the candidate; {interval}: not shown worse than the champion's arm (upper bound "
+            f"{s.ci_high:+.3f} >= {-rule.fix_margin:+.3f}), all gates pass"], **base)
     harmful = s.ci_high < 0 or post.p_gain <= 1 - rule.level
     why = ("measured harmful: worse than the champion" if s.ci_high < 0 else
            f"measured harmful: a gain has probability {post.p_gain:.2f}" if harmful else
@@ -181,8 +224,11 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     if repaired and s.start_delta is not None:
         why += (f", and shown worse than the starting policy ({s.start_dev:.3f}) too, {s.start_delta:+.3f} "
                 f"[{s.start_ci_low:+.3f}, {s.start_ci_high:+.3f}], though it repairs {', '.join(repaired)}")
-    if not_repaired:
-        why += f"; {not_repaired}"
+    if fixed:
+        why += f", though it fixes {', '.join(fixed)}"
+    for note in (not_repaired, not_fixed):
+        if note:
+            why += f"; {note}"
     return Verdict(decision="reject" if harmful else "inconclusive",
                    reasons=[f"{interval}: {why} (stopped: {s.stopped})"], **base)
 
@@ -206,7 +252,9 @@ def inherited_gates(backtest: BacktestResult) -> list[str]:
 def choose(verdicts: list[Verdict], rule: PromotionRule) -> list[Verdict]:
     """Keep the `max_promotions` promotable verdicts with the highest posterior probability of a gain; the others
     become inconclusive, saying why (they met the rule: not negative evidence for skill memory)."""
-    # a repair of the champion's failed gate first: validity before score
+    # a repair of the champion's failed gate first: validity before score (a fix of a plain defect is ranked by its
+    # probability of a gain like any change: the champion's score is valid, and the fix may be tested again on the
+    # next champion)
     ranked = sorted((v for v in verdicts if v.decision == "promote"),
                     key=lambda v: (bool(v.repairs), v.p_gain or 0.0, v.ci_low or 0.0), reverse=True)
     winners = {v.branch for v in ranked[:rule.max_promotions]}

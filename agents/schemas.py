@@ -53,6 +53,9 @@ class Verdict(BaseModel):
     prior: str = Field("", description="where the prior came from")
     repairs: list[str] = Field(default_factory=list, description="gates the champion fails that this candidate "
                                                                  "repairs (`critic.repairs_of`)")
+    fixes: list[str] = Field(default_factory=list, description="defects (`analyzer/metric`) the main line shows at "
+                                                               "critical severity that this candidate fixes "
+                                                               "(`critic.fixes_of`)")
     inherited_gates: list[str] = Field(default_factory=list, description="failed gates the champion's own arms fail "
                                                                          "too: not this change's doing")
     lesson: str = Field("", description="what a later generation should learn from this candidate, in one or two "

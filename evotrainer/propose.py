@@ -123,7 +123,7 @@ def verdict_for(run_dir: str | Path, result):
     would start from it; written to reports/verdict-<branch>.json."""
     from evotrainer.agents.critic import judge
     from evotrainer.agents.schemas import Intervention, VerdictRecord
-    from evotrainer.trainer.backtest.replay import gate_keys
+    from evotrainer.trainer.backtest.replay import gate_keys, severe_keys
     from evotrainer.trainer.diagnostics.report import HealthReport
     from evotrainer.workspaces.run import RunWorkspace
 
@@ -132,10 +132,12 @@ def verdict_for(run_dir: str | Path, result):
     record = next(r for r in ws.harness.lineage() if r.branch == result.branch)
     iv = Intervention(id=record.intervention_id or record.branch, hypothesis=record.hypothesis or "(none)",
                       factor=record.factor or "(none)", change=record.factor or "(none)")
-    # as in the loop, a repair must repair a gate the main line fails: its health before this generation's candidates
+    # as in the loop, a repair must repair a gate the main line fails, a fix a defect it shows at critical severity:
+    # its health before this generation's candidates
     health = ws.path / "reports" / f"health-g{record.generation - 1}-main.json"
-    gates = gate_keys(HealthReport.model_validate_json(health.read_text()).findings) if health.is_file() else None
-    verdict = judge(iv, result, rule, champion_gates=gates)
+    findings = HealthReport.model_validate_json(health.read_text()).findings if health.is_file() else None
+    verdict = judge(iv, result, rule, champion_gates=None if findings is None else gate_keys(findings),
+                    champion_defects=None if findings is None else severe_keys(findings, ("critical",)))
     VerdictRecord(**verdict.model_dump(), intervention=iv, author="promotion rule",
                   generation=record.generation).save(ws.verdict_path(result.branch))
     return verdict

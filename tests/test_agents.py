@@ -448,6 +448,69 @@ def test_a_repair_silences_a_gate_the_main_line_fails_and_is_refused_only_when_s
     assert judge(down, _backtest(0.05, 0.02, 0.08), rule).decision == "reject"  # not a repair: rejected as before
 
 
+def test_a_fix_of_a_critical_defect_is_refused_only_when_shown_worse():
+    """Each decision path of the fix rule fed its worst case: the margin and just past it, the defect only a warning
+    on the main line, not known, or absent from the comparison's control arms, still shown by the candidate (even as a
+    warning, even on one arm), a frozen candidate, a gate's metric, the switch off, a reward rise the sealed grade
+    does not confirm, and a fix that is also a clear gain."""
+    rule, lenient, off = PromotionRule(), PromotionRule(fix_margin=0.01), PromotionRule(fix_margin=None)
+    cut = "truncation/truncated_ratio"
+
+    def bt(delta, lo, hi, findings=(), control=(cut,), **kw):
+        b = _backtest(delta, lo, hi, **kw)
+        return b.model_copy(update={"short_run": b.short_run.model_copy(update={
+            "findings": list(findings), "control_defects": list(control)})})
+
+    def finding(metric, severity, analyzer="truncation"):
+        return Finding(analyzer=analyzer, metric=metric, value=0.2, severity=severity, message="m")
+
+    # not shown worse than the champion's arm: promoted, whatever the point estimate; shown worse: not
+    fix = judge(IV, bt(-0.02, -0.04, 0.0), rule, champion_defects={cut})
+    assert fix.decision == "promote" and fix.fixes == [cut] and fix.repairs == [] and "fixes " + cut in fix.reasons[0]
+    worse = judge(IV, bt(-0.03, -0.05, -0.001), rule, champion_defects={cut})
+    assert worse.decision == "reject" and f"though it fixes {cut}" in worse.reasons[0]
+    assert judge(IV, bt(-0.03, -0.05, -0.01), lenient, champion_defects={cut}).decision == "promote"
+    assert judge(IV, bt(-0.03, -0.05, -0.011), lenient, champion_defects={cut}).decision == "reject"
+    # the same short run without a plain defect to fix is judged on its posterior: inconclusive
+    for defects, control in (({cut}, ()), (None, (cut,)), (set(), (cut,)), ({"update_size/update_ratio"}, (cut,))):
+        plain = judge(IV, bt(-0.01, -0.03, 0.01, control=control), rule, champion_defects=defects)
+        assert plain.decision == "inconclusive" and plain.fixes == [], (defects, control)
+    assert judge(IV, bt(-0.01, -0.03, 0.01), off, champion_defects={cut}).decision == "inconclusive"
+    # the candidate still shows the metric, below critical or on another analyzer's metric only
+    for shown, fixed in (("warning", False), ("info", True)):
+        v = judge(IV, bt(-0.01, -0.03, 0.01, [finding("truncated_ratio", shown)]), rule, champion_defects={cut})
+        assert (v.decision == "promote") == fixed and bool(v.fixes) == fixed, shown
+    other = judge(IV, bt(-0.01, -0.03, 0.01, [finding("dead_ratio", "critical", "dead_groups")]), rule,
+                  champion_defects={cut})
+    assert other.decision == "promote" and other.fixes == [cut]
+    # a candidate that trained nothing silenced the defect by learning nothing
+    frozen = Arm(role="candidate", seed=1, commit="c", checkpoint="p", dev_accuracy=0.5, train_reward=0.0,
+                 train_correct=0.0, seconds=1, live_groups=0.0)
+    quiet = bt(-0.01, -0.03, 0.01)
+    quiet = quiet.model_copy(update={"short_run": quiet.short_run.model_copy(update={"arms": [frozen]})})
+    stalled = judge(IV, quiet, rule, champion_defects={cut})
+    assert stalled.decision == "inconclusive" and stalled.fixes == [] and "not a fix" in stalled.reasons[0]
+    # a gate is never a plain defect: its key comes from the diagnosis through `severe_keys`, which leaves gates out
+    from evotrainer.trainer.backtest.replay import severe_keys
+
+    diagnosis = [finding("truncated_ratio", "critical"), finding("dead_ratio", "warning", "dead_groups"),
+                 _gate("leak_usage", "leak_usage_ratio")]
+    assert severe_keys(diagnosis, ("critical",)) == {cut}
+    assert severe_keys(diagnosis) == {cut, "dead_groups/dead_ratio"}
+    # a reward that pays what the sealed grade does not confirm goes to revision first
+    assert judge(IV, bt(-0.01, -0.04, 0.02, reward_delta=0.08), rule, champion_defects={cut}).decision == "revise"
+    # a fix whose hypothesised metric did not move is still a fix; a clear gain is promoted as one, fixes named
+    down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
+                                                                            "direction": "down"})})
+    assert judge(down, bt(0.05, 0.02, 0.08), rule, champion_defects={cut}).decision == "promote"
+    gain = judge(IV, bt(0.05, 0.02, 0.08), rule, champion_defects={cut})
+    assert gain.decision == "promote" and gain.fixes == [cut] and "a gain with probability" in gain.reasons[0]
+    # one promotion a generation: a fix competes on its probability of a gain, a gate's repair comes first
+    plain_gain = judge(IV, _backtest(0.05, 0.02, 0.08, branch="cand/g1-y"), rule)
+    kept = choose([fix, plain_gain], rule)
+    assert [v.decision for v in kept] == ["inconclusive", "promote"]
+
+
 def _gate(analyzer: str, metric: str) -> Finding:
     return Finding(analyzer=analyzer, metric=metric, value=1.0, severity="critical", gate=True, message="m")
 

@@ -222,7 +222,8 @@ class Compare:
                 continue
             out.append({"generation": r.generation, "branch": r.branch, "transform": v.transform,
                         "decision": v.decision, "effect": v.effect, "ci_low": v.ci_low, "ci_high": v.ci_high,
-                        "mde": v.mde, "p_gain": v.p_gain, "failed_gates": v.failed_gates, "repairs": v.repairs})
+                        "mde": v.mde, "p_gain": v.p_gain, "failed_gates": v.failed_gates, "repairs": v.repairs,
+                        **({"fixes": v.fixes} if v.fixes else {})})
         return out
 
     def _promotion(self, ws, h, seed: int, next_trained: str | None = None) -> dict:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from evotrainer.base.config import BacktestConfig
 from evotrainer.base.errors import UserError
-from evotrainer.trainer.backtest.replay import gate_keys, score_in_child
+from evotrainer.trainer.backtest.replay import gate_keys, score_in_child, severe_keys
 from evotrainer.trainer.backtest.results import Arm, ShortRunResult
 from evotrainer.trainer.backtest.statistics import Z_POWER, backtest_interval, decide, paired_bootstrap
 from evotrainer.trainer.diagnostics import Finding
@@ -228,6 +228,7 @@ def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thr
         train_correct_delta=float(np.mean([a.train_correct for a in cand]) - np.mean([a.train_correct for a in ctrl])),
         findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
         control_gates=sorted(set(ctrl_rep.failed_gates)), control_gate_keys=sorted(gate_keys(ctrl_rep.findings)),
+        control_defects=sorted(severe_keys(ctrl_rep.findings)),
         cross=cross, **vs_start, stopped=stopped, trace=trace,
         seconds=round(time.time() - started, 1),
         seconds_per_arm=round(float(np.mean([a.seconds for a in all_arms])), 1),

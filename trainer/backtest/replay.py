@@ -127,6 +127,12 @@ def gate_keys(findings: list[Finding]) -> set[str]:
     return {_key(f) for f in findings if f.gate}
 
 
+def severe_keys(findings: list[Finding], severities: tuple[str, ...] = ("warning", "critical")) -> set[str]:
+    """The metrics (`analyzer/metric`) that findings other than gates show at one of `severities`: the defects a
+    candidate may fix (`agents.critic.fixes_of`)."""
+    return {_key(f) for f in findings if not f.gate and f.severity in severities}
+
+
 def agreement(reward: np.ndarray, correct: np.ndarray) -> Agreement:
     reward, correct = np.asarray(reward, dtype=float), np.asarray(correct, dtype=bool)
     n_pos, n_neg = int(correct.sum()), int((~correct).sum())

@@ -45,6 +45,7 @@ class ShortRunResult(BaseModel):
     failed_gates: list[str]
     control_gates: list[str] = []  # gates the control (the champion harness) fails on its own short-run evidence
     control_gate_keys: list[str] = []  # ... per metric (`analyzer/metric`): inheritance is decided metric by metric
+    control_defects: list[str] = []  # metrics other than gates the control shows at warning or critical severity
     cross: CrossScore | None = None  # both arms scored under both harnesses' rewards
     # when it fails one: candidate minus the policy both arms started from (same dev items), with its interval
     start_dev: float | None = None
