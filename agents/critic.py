@@ -14,10 +14,11 @@ unless its paired interval shows it worse, by more than `repair_margin`, than bo
 both arms started from (a leak can raise the control's score while it lasts, and the longer a line leans on it the
 more closing it costs in a short window: judged on point estimates, a repair costing nothing would be refused half
 the time).
-A defect that is not a gate is weighed the same way when it is plainly there: when the main line shows it at
-critical severity and the control arms show it too, a candidate in whose every arm the metric is silent and that
-trained (`fixes_of`) is promoted unless its paired interval shows it worse than the champion's arm by more than
-`fix_margin` (the champion's score is valid here, so that arm alone is the baseline). A diagnosed defect's fix
+A defect that is not a gate is weighed much the same way when it is plainly there: when the main line shows it at
+critical severity and the control arms show it too, a candidate whose evidence no longer shows it, without
+trading it for another, changing what the analyzers read, or learning too little to show anything (`fixes_of`),
+is promoted unless measured harmful against the champion's arm (its interval below `-fix_margin`, or P(gain) at
+most 1 - level; the champion's score is valid here, so that arm alone is the baseline). A diagnosed defect's fix
 rarely pays measurably within one 20-step window (a completion limit that cuts a third of the programs, a learning
 rate ten times too small on a noisy task): judged on a gain, the loop diagnosed such defects on every seed and left
 half of them in place (docs/results/repair/README.md).
@@ -112,20 +113,50 @@ def _frozen(s) -> list[str]:
     return sorted(str(a.seed) for a in s.arms if a.role == "candidate" and a.live_groups == 0)
 
 
+def _reward_changed(s) -> bool:
+    """Whether the candidate changed a reward term (new, changed or removed under one reward; unknown: assumed)."""
+    return s.cross is None or any(t.status in ("new", "changed", "removed") for t in s.cross.terms)
+
+
 def fixes_of(s, champion_defects: set[str] | None) -> tuple[list[str], str]:
     """The defects (`analyzer/metric`, not gates) the candidate fixes, and why one it silenced is not fixed ('' when
-    none is). A fix: the main line shows the metric at critical severity (`champion_defects`, from the generation's
-    diagnosis; None: not known), the control arms show it at warning or critical severity on their own short-run
-    evidence (`control_defects`: the defect is there in this very comparison, not only on a longer line), no arm of
-    the candidate shows it even as a warning, and the candidate trained (`_frozen`)."""
-    if not champion_defects:
+    none is). A fix, each condition a way to silence an analyzer without fixing anything closed:
+    - the main line shows the metric at critical severity (`champion_defects`, from the generation's diagnosis;
+      None: not known) and this comparison's control arms show it at warning or critical (`control_defects`), while
+      they fail no gate (the champion's score is the one to beat);
+    - the candidate's evidence (its arms pooled) shows nothing of the metric's analyzer, on any metric (a key that
+      names a reward component changes with the component's name);
+    - it brings no defect the control does not show, or shows worse (one defect traded for another: an update
+      too small traded for groups gone dead);
+    - its evidence is of the control's kind: it changed none of the rewards, prompt filters or own analyzers the
+      analyzers read (`ShortRunResult.shapers`: a tie-break term makes every group look alive, dropping the long
+      prompts shortens completions without a longer limit, a rewritten analyzer says anything);
+    - it trained: each candidate arm kept at least half the live groups (groups with a reward spread) of the
+      control arm of its seed, so its analyzers did not go quiet for lack of evidence (an update-size analyzer
+      with no live step, a pay analyzer with too few right answers)."""
+    from evotrainer.trainer.backtest.replay import SEVERITY, defects
+
+    if not champion_defects or s.control_gates:
         return [], ""
-    silenced = sorted(champion_defects & set(s.control_defects))
-    shown = {f"{f.analyzer}/{f.metric}" for f in s.findings if f.severity != "info"}
-    fixed = [k for k in silenced if k not in shown]
-    if fixed and (frozen := _frozen(s)):
-        return [], (f"its evidence no longer shows {', '.join(fixed)}, but no training group of seed "
-                    f"{', '.join(frozen)} had a reward spread, so it learned nothing: not a fix")
+    mine = defects(s.findings)
+    quiet = {f.analyzer for f in s.findings if f.severity != "info"}
+    fixed = [k for k in sorted(champion_defects) if k in s.control_defects and k.split("/", 1)[0] not in quiet]
+    if not fixed:
+        return [], ""
+    what = f"its evidence no longer shows {', '.join(fixed)}"
+    worse = sorted(k for k, sev in mine.items() if SEVERITY[sev] > SEVERITY[s.control_defects.get(k, "info")])
+    if worse:
+        return [], f"{what}, but shows {', '.join(worse)} worse than the control: not a fix"
+    shapers = sorted(set(s.shapers) | ({"rewards"} if _reward_changed(s) else set()))
+    if shapers:
+        return [], (f"{what}, but it changed the {' and '.join(shapers)} the analyzers read: not a fix, judged as "
+                    "any change")
+    live = {a.seed: a.live_groups for a in s.arms if a.role == "control"}
+    starved = sorted(str(a.seed) for a in s.arms if a.role == "candidate" and a.live_groups is not None and
+                     (a.live_groups == 0 or a.live_groups < 0.5 * (live.get(a.seed) or 0.0)))
+    if starved:
+        return [], (f"{what}, but seed {', '.join(starved)} kept less than half the control's groups with a reward "
+                    "spread, so it learned too little to show it: not a fix")
     return fixed, ""
 
 
@@ -135,8 +166,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     """The rule's verdict on one candidate (the Critic's starting point, and its ceiling). `prior`: what memory
     measured of the same change (`memory.prior.prior_for`); None: N(0, rule.prior_sd^2). `champion_gates`: the gates
     (`analyzer/metric`) the main line's own evidence fails this generation; a repair must repair one of them.
-    `champion_defects`: the other metrics it shows at critical severity (`severe_keys(findings, ("critical",))`); a
-    fix must fix one of them."""
+    `champion_defects`: the other metrics it shows at critical severity (`replay.critical_defects`); a fix must fix
+    one of them."""
     branch = backtest.branch if backtest else ""
     if backtest is None:
         return Verdict(branch=branch, decision="reject", reasons=[error or "no backtest result"])
@@ -188,7 +219,7 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
     unexplained = reward_rise - s.train_correct_delta  # a curriculum raises both: that is not a hack
     # a change that leaves every reward term as the champion's (a temperature, a learning rate) pays for nothing
     # new: a gap between that reward and `correct` is the champion's, diagnosed on the main line
-    reward_changed = s.cross is None or any(t.status in ("new", "changed", "removed") for t in s.cross.terms)
+    reward_changed = _reward_changed(s)
     if unexplained > rule.revise_reward_rise and s.delta <= 0 and reward_changed:  # before a repair: validity
         return Verdict(decision="revise", reasons=[
             f"train reward (the candidate's, on both arms) rose {reward_rise:+.3f} over the control "
@@ -208,13 +239,14 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
                 f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
                 f"{s.start_ci_high:+.3f}]: not shown to lose ground from where both arms started, all gates pass"],
                 **base)
-    if fixed and s.ci_high >= -rule.fix_margin:
-        # the defect is plain on the main line and in this comparison's control arms, and gone from the candidate's:
-        # its fix replaces the champion unless shown worse than it (the champion's score is valid: no gate fails)
+    if fixed and not repaired and s.ci_high >= -rule.fix_margin and post.p_gain > 1 - rule.level:
+        # the defect is plain on the main line and in this comparison's control arms, and gone from the candidate's
+        # evidence: its fix replaces the champion unless measured harmful (the champion's score is valid: no gate
+        # fails), by the rule's own measure of harm (P(gain) at most 1 - level) or by its interval
         return Verdict(decision="promote", reasons=[
-            f"fixes {', '.join(fixed)}, critical on the main line and shown by the champion's arms, silent in every "
-            f"arm of the candidate; {interval}: not shown worse than the champion's arm (upper bound "
-            f"{s.ci_high:+.3f} >= {-rule.fix_margin:+.3f}), all gates pass"], **base)
+            f"fixes {', '.join(fixed)}, critical on the main line and shown by the champion's arms, silent in the "
+            f"candidate's; {interval}: not measured harmful (upper bound {s.ci_high:+.3f} >= {-rule.fix_margin:+.3f}, "
+            f"P(gain) {post.p_gain:.2f} > {1 - rule.level:.2f}), all gates pass"], **base)
     harmful = s.ci_high < 0 or post.p_gain <= 1 - rule.level
     why = ("measured harmful: worse than the champion" if s.ci_high < 0 else
            f"measured harmful: a gain has probability {post.p_gain:.2f}" if harmful else

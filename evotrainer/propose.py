@@ -123,7 +123,7 @@ def verdict_for(run_dir: str | Path, result):
     would start from it; written to reports/verdict-<branch>.json."""
     from evotrainer.agents.critic import judge
     from evotrainer.agents.schemas import Intervention, VerdictRecord
-    from evotrainer.trainer.backtest.replay import gate_keys, severe_keys
+    from evotrainer.trainer.backtest.replay import critical_defects, gate_keys
     from evotrainer.trainer.diagnostics.report import HealthReport
     from evotrainer.workspaces.run import RunWorkspace
 
@@ -137,7 +137,7 @@ def verdict_for(run_dir: str | Path, result):
     health = ws.path / "reports" / f"health-g{record.generation - 1}-main.json"
     findings = HealthReport.model_validate_json(health.read_text()).findings if health.is_file() else None
     verdict = judge(iv, result, rule, champion_gates=None if findings is None else gate_keys(findings),
-                    champion_defects=None if findings is None else severe_keys(findings, ("critical",)))
+                    champion_defects=None if findings is None else critical_defects(findings))
     VerdictRecord(**verdict.model_dump(), intervention=iv, author="promotion rule",
                   generation=record.generation).save(ws.verdict_path(result.branch))
     return verdict

@@ -42,7 +42,7 @@ from evotrainer.memory.prior import applied_again, prior_for, priors_for
 from evotrainer.memory.store import SkillStore
 from evotrainer.trainer import jobs
 from evotrainer.trainer.backtest import arm_tag, backtest_all
-from evotrainer.trainer.backtest.replay import gate_keys, severe_keys
+from evotrainer.trainer.backtest.replay import critical_defects, gate_keys
 from evotrainer.trainer.evidence import adopt, read_rollouts
 from evotrainer.workspaces.repo import BranchRecord
 from evotrainer.workspaces.run import RunWorkspace
@@ -352,7 +352,7 @@ class Loop:
             # a repair must repair a gate the main line fails on its own evidence (the diagnosis), not only a gate one
             # short run's control arms failed by chance; a fix, a defect the diagnosis shows at critical severity
             v = judge(iv, bt, self.rule, cand.error, prior, champion_gates=gate_keys(state.findings),
-                      champion_defects=severe_keys(state.findings, ("critical",)))
+                      champion_defects=critical_defects(state.findings))
             v = v.model_copy(update={"branch": cand.branch or cand.intervention.id})
             verdicts.append(self.meta.critique(CritiqueInput(verdict=v, intervention=iv, backtest=bt,
                                                              findings=state.findings)))

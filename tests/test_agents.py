@@ -448,57 +448,106 @@ def test_a_repair_silences_a_gate_the_main_line_fails_and_is_refused_only_when_s
     assert judge(down, _backtest(0.05, 0.02, 0.08), rule).decision == "reject"  # not a repair: rejected as before
 
 
-def test_a_fix_of_a_critical_defect_is_refused_only_when_shown_worse():
-    """Each decision path of the fix rule fed its worst case: the margin and just past it, the defect only a warning
-    on the main line, not known, or absent from the comparison's control arms, still shown by the candidate (even as a
-    warning, even on one arm), a frozen candidate, a gate's metric, the switch off, a reward rise the sealed grade
-    does not confirm, and a fix that is also a clear gain."""
+def test_a_fix_of_a_critical_defect_is_refused_only_when_measured_harmful():
+    """Each decision path of the fix rule fed its worst case: the margin and just past it, a posterior that calls it
+    harmful, the defect only a warning on the main line, not known, or absent from the comparison's control arms, a
+    control that fails a gate, the analyzer still heard on another metric (a key naming a reward component), a
+    defect traded for another, a change to what the analyzers read (rewards, prompt filters, own analyzers), a
+    candidate that learned too little to show anything, the switch off, a reward rise the sealed grade does not
+    confirm, and a fix that is also a clear gain."""
+    from evotrainer.trainer.reward_gates import CrossScore
+
     rule, lenient, off = PromotionRule(), PromotionRule(fix_margin=0.01), PromotionRule(fix_margin=None)
     cut = "truncation/truncated_ratio"
+    same_reward = CrossScore(reward_delta=0.0, reward_delta_champion=0.0, correct_delta=0.0, pay_per_correct=1.0,
+                             terms=[], rollouts=(10, 10))
 
-    def bt(delta, lo, hi, findings=(), control=(cut,), **kw):
+    def arm(role, seed, live):
+        return Arm(role=role, seed=seed, commit="c", checkpoint="p", dev_accuracy=0.5, train_reward=0.0,
+                   train_correct=0.0, seconds=1, live_groups=live)
+
+    def bt(delta, lo, hi, findings=(), control=None, live=(0.4, 0.4), **kw):
         b = _backtest(delta, lo, hi, **kw)
         return b.model_copy(update={"short_run": b.short_run.model_copy(update={
-            "findings": list(findings), "control_defects": list(control)})})
+            "findings": list(findings), "control_defects": {cut: "critical"} if control is None else control,
+            "cross": same_reward, "arms": [arm("control", s, live[0]) for s in (0, 1)]
+            + [arm("candidate", s, live[1]) for s in (0, 1)]})})
 
     def finding(metric, severity, analyzer="truncation"):
         return Finding(analyzer=analyzer, metric=metric, value=0.2, severity=severity, message="m")
 
-    # not shown worse than the champion's arm: promoted, whatever the point estimate; shown worse: not
-    fix = judge(IV, bt(-0.02, -0.04, 0.0), rule, champion_defects={cut})
+    # not measured harmful against the champion's arm: promoted, whatever the point estimate
+    fix = judge(IV, bt(-0.012, -0.032, 0.008), rule, champion_defects={cut})
     assert fix.decision == "promote" and fix.fixes == [cut] and fix.repairs == [] and "fixes " + cut in fix.reasons[0]
     worse = judge(IV, bt(-0.03, -0.05, -0.001), rule, champion_defects={cut})
     assert worse.decision == "reject" and f"though it fixes {cut}" in worse.reasons[0]
-    assert judge(IV, bt(-0.03, -0.05, -0.01), lenient, champion_defects={cut}).decision == "promote"
-    assert judge(IV, bt(-0.03, -0.05, -0.011), lenient, champion_defects={cut}).decision == "reject"
+    assert judge(IV, bt(-0.011, -0.03, -0.01), lenient, champion_defects={cut}).decision == "promote"
+    assert judge(IV, bt(-0.011, -0.03, -0.011), lenient, champion_defects={cut}).decision != "promote"
+    # an interval that reaches zero, but a posterior that calls it harmful (P(gain) <= 1 - level; se 0.01)
+    harmful = judge(IV, bt(-0.019, -0.039, 0.001), rule, champion_defects={cut})
+    assert harmful.p_gain <= 1 - rule.level and harmful.decision == "reject"
+    # and memory's prior counts: a fix memory measured harmful is not promoted again on a short run near zero
+    bad = Prior(mean=-0.03, sd=0.01, n=3, source="three harmful tests")
+    assert judge(IV, bt(-0.005, -0.025, 0.015), rule, prior=bad, champion_defects={cut}).decision == "reject"
     # the same short run without a plain defect to fix is judged on its posterior: inconclusive
-    for defects, control in (({cut}, ()), (None, (cut,)), (set(), (cut,)), ({"update_size/update_ratio"}, (cut,))):
-        plain = judge(IV, bt(-0.01, -0.03, 0.01, control=control), rule, champion_defects=defects)
+    plain_cases = [({cut}, {}), (None, None), (set(), None), ({"update_size/update_ratio"}, None),
+                   ({cut}, {cut: "critical", "leak_usage/x": "critical"})]
+    for defects, control in plain_cases:
+        short = bt(-0.01, -0.03, 0.01, control=control)
+        if control and "leak_usage/x" in control:  # the champion's own arms fail a gate: its score is not valid
+            short = short.model_copy(update={"short_run": short.short_run.model_copy(update={
+                "control_gates": ["leak_usage"]})})
+        plain = judge(IV, short, rule, champion_gates=set(), champion_defects=defects)  # and no repair
         assert plain.decision == "inconclusive" and plain.fixes == [], (defects, control)
     assert judge(IV, bt(-0.01, -0.03, 0.01), off, champion_defects={cut}).decision == "inconclusive"
-    # the candidate still shows the metric, below critical or on another analyzer's metric only
-    for shown, fixed in (("warning", False), ("info", True)):
-        v = judge(IV, bt(-0.01, -0.03, 0.01, [finding("truncated_ratio", shown)]), rule, champion_defects={cut})
-        assert (v.decision == "promote") == fixed and bool(v.fixes) == fixed, shown
-    other = judge(IV, bt(-0.01, -0.03, 0.01, [finding("dead_ratio", "critical", "dead_groups")]), rule,
-                  champion_defects={cut})
-    assert other.decision == "promote" and other.fixes == [cut]
-    # a candidate that trained nothing silenced the defect by learning nothing
-    frozen = Arm(role="candidate", seed=1, commit="c", checkpoint="p", dev_accuracy=0.5, train_reward=0.0,
-                 train_correct=0.0, seconds=1, live_groups=0.0)
-    quiet = bt(-0.01, -0.03, 0.01)
-    quiet = quiet.model_copy(update={"short_run": quiet.short_run.model_copy(update={"arms": [frozen]})})
-    stalled = judge(IV, quiet, rule, champion_defects={cut})
-    assert stalled.decision == "inconclusive" and stalled.fixes == [] and "not a fix" in stalled.reasons[0]
-    # a gate is never a plain defect: its key comes from the diagnosis through `severe_keys`, which leaves gates out
-    from evotrainer.trainer.backtest.replay import severe_keys
 
-    diagnosis = [finding("truncated_ratio", "critical"), finding("dead_ratio", "warning", "dead_groups"),
-                 _gate("leak_usage", "leak_usage_ratio")]
-    assert severe_keys(diagnosis, ("critical",)) == {cut}
-    assert severe_keys(diagnosis) == {cut, "dead_groups/dead_ratio"}
+    def refused(short, why):
+        v = judge(IV, short, rule, champion_defects={cut})
+        assert v.decision == "inconclusive" and v.fixes == [] and why in v.reasons[0], (why, v.reasons)
+
+    # the analyzer still heard, below critical, on another of its metrics, or only as information
+    for metric, shown in (("truncated_ratio", "warning"), ("truncated_component_ratio", "critical")):
+        v = judge(IV, bt(-0.01, -0.03, 0.01, [finding(metric, shown)]), rule, champion_defects={cut})
+        assert v.decision == "inconclusive" and v.fixes == [], (metric, shown)
+    assert judge(IV, bt(-0.01, -0.03, 0.01, [finding("truncated_ratio", "info")]), rule,
+                 champion_defects={cut}).fixes == [cut]
+    renamed = bt(-0.01, -0.03, 0.01, [finding("truncated_component_ratio", "warning")],  # no worse than the control
+                 control={cut: "critical", "truncation/truncated_component_ratio": "warning"})
+    assert judge(IV, renamed, rule, champion_defects={cut}).fixes == []
+    # one defect traded for another, or one the control shows made worse; one the control shows as badly is no trade
+    dead = finding("dead_group_ratio", "critical", "dead_groups")
+    refused(bt(-0.01, -0.03, 0.01, [dead]), "dead_groups/dead_group_ratio worse than the control")
+    refused(bt(-0.01, -0.03, 0.01, [dead], control={cut: "critical", "dead_groups/dead_group_ratio": "warning"}),
+            "worse than the control")
+    kept = bt(-0.01, -0.03, 0.01, [dead], control={cut: "critical", "dead_groups/dead_group_ratio": "critical"})
+    assert judge(IV, kept, rule, champion_defects={cut}).decision == "promote"
+    # a change to what the analyzers read: its evidence is not of the control's kind
+    for shaper in ("rewards", "filters", "diagnostics"):
+        short = bt(-0.01, -0.03, 0.01)
+        refused(short.model_copy(update={"short_run": short.short_run.model_copy(update={"shapers": [shaper]})}),
+                f"changed the {shaper} the analyzers read")
+    from evotrainer.trainer.reward_gates import TermDelta
+
+    tie_break = TermDelta(term="tie_break", harness="candidate", status="new", weight=1e-4, paid_delta=0.0,
+                          within_delta=0.0, effect=0.0, z=0.0)
+    short = bt(-0.01, -0.03, 0.01)
+    refused(short.model_copy(update={"short_run": short.short_run.model_copy(update={
+        "cross": same_reward.model_copy(update={"terms": [tie_break]})})}), "changed the rewards")
+    # a candidate that learned too little to show anything: no live group, or under half the control's
+    refused(bt(-0.01, -0.03, 0.01, live=(0.4, 0.0)), "learned too little")
+    refused(bt(-0.01, -0.03, 0.01, live=(0.4, 0.19)), "learned too little")
+    assert judge(IV, bt(-0.01, -0.03, 0.01, live=(0.4, 0.2)), rule, champion_defects={cut}).decision == "promote"
+    # the main line's critical metrics come from its diagnosis, gates and lesser severities left out
+    from evotrainer.trainer.backtest.replay import critical_defects, defects
+
+    diagnosis = [finding("truncated_ratio", "warning"), finding("truncated_ratio", "critical"),
+                 finding("dead_group_ratio", "warning", "dead_groups"), _gate("leak_usage", "leak_usage_ratio")]
+    assert critical_defects(diagnosis) == {cut}
+    assert defects(diagnosis) == {cut: "critical", "dead_groups/dead_group_ratio": "warning"}
     # a reward that pays what the sealed grade does not confirm goes to revision first
-    assert judge(IV, bt(-0.01, -0.04, 0.02, reward_delta=0.08), rule, champion_defects={cut}).decision == "revise"
+    paid = bt(-0.01, -0.04, 0.02, reward_delta=0.08)
+    paid = paid.model_copy(update={"short_run": paid.short_run.model_copy(update={"cross": None})})
+    assert judge(IV, paid, rule, champion_defects={cut}).decision == "revise"
     # a fix whose hypothesised metric did not move is still a fix; a clear gain is promoted as one, fixes named
     down = IV.model_copy(update={"expected": IV.expected.model_copy(update={"metric": "dead_group_ratio",
                                                                             "direction": "down"})})
@@ -507,8 +556,7 @@ def test_a_fix_of_a_critical_defect_is_refused_only_when_shown_worse():
     assert gain.decision == "promote" and gain.fixes == [cut] and "a gain with probability" in gain.reasons[0]
     # one promotion a generation: a fix competes on its probability of a gain, a gate's repair comes first
     plain_gain = judge(IV, _backtest(0.05, 0.02, 0.08, branch="cand/g1-y"), rule)
-    kept = choose([fix, plain_gain], rule)
-    assert [v.decision for v in kept] == ["inconclusive", "promote"]
+    assert [v.decision for v in choose([fix, plain_gain], rule)] == ["inconclusive", "promote"]
 
 
 def _gate(analyzer: str, metric: str) -> Finding:

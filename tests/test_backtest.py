@@ -177,6 +177,7 @@ def test_short_run_of_a_reward_bug_diverges_from_the_sealed_score_and_is_gated(r
     assert s.stopped == "gate" and s.seeds == [0] and s.dev_items == 200
     assert s.ci_low <= s.delta <= s.ci_high and s.mde > 0
     assert 0 < cand.live_groups <= 1 and 0 < ctrl.live_groups <= 1  # groups whose rewards differ: each arm learned
+    assert s.shapers == ["rewards"]  # its analyzers read rewards of its own: no fix of a defect can rest on them
     # both arms under both rewards: the changed correctness term pays the candidate's policy more among equally
     # correct rollouts, under the candidate's reward; under the champion's reward its rollouts earn no more
     c = s.cross
@@ -205,6 +206,9 @@ def test_too_short_length_limit_is_critical_and_the_restoring_branch_is_not_flag
     after = [f for f in res.short_run.findings if f.analyzer == "truncation"]
     assert not [f for f in after if f.severity == "critical"]
     assert all(f.value < trunc[0].value / 2 for f in after)
+    # what the Critic's fix rule reads: the defect in the control arms (the champion's short limit), and a change
+    # that leaves what the analyzers read as it was
+    assert res.short_run.control_defects["truncation/truncated_ratio"] == "critical" and res.short_run.shapers == []
 
 
 @pytest.mark.slow
@@ -267,6 +271,42 @@ def test_corrupt_evidence_is_one_clear_error(run, tmp_path):
     finally:
         bad.unlink()
     assert not (run.path / "reports" / f"backtest-{branch.replace('/', '--')}.json").exists()
+
+
+def test_evidence_shapers_are_the_changes_to_what_the_analyzers_read(tmp_path):
+    """Rewards, prompt filters and the harness's own analyzers decide what the analyzers read besides the policy;
+    a recipe knob, a group filter (its rollouts stay in the evidence) or a threshold does not."""
+    import shutil
+
+    from evotrainer.trainer.backtest.arms import evidence_shapers
+    from evotrainer.workspaces import TEMPLATES
+
+    champ = shutil.copytree(TEMPLATES / "math", tmp_path / "champ")
+
+    def changed(edit) -> list[str]:
+        cand = tmp_path / "cand"
+        shutil.rmtree(cand, ignore_errors=True)
+        shutil.copytree(champ, cand)
+        edit(cand)
+        return evidence_shapers(cand, champ)
+
+    def yaml_edit(old, new):
+        def edit(d):
+            text = (d / "harness.yaml").read_text()
+            assert old in text, old
+            (d / "harness.yaml").write_text(text.replace(old, new))
+        return edit
+
+    assert changed(lambda d: None) == []
+    assert changed(yaml_edit("max_completion_length: 40", "max_completion_length: 80")) == []
+    assert changed(yaml_edit("group_filters: []", "group_filters: [drop_dead_groups]")) == []
+    assert changed(yaml_edit("dead_groups: {warning: 0.30", "dead_groups: {warning: 0.90")) == []
+    assert changed(yaml_edit("    weight: 0.1", "    weight: 0.2")) == ["rewards"]
+    assert changed(lambda d: (d / "rewards.py").write_text((d / "rewards.py").read_text() + "\n# x\n")) == ["rewards"]
+    assert changed(yaml_edit("\nfilters: []", "\nfilters: [drop_long_prompts]")) == ["filters"]
+    assert changed(lambda d: (d / "filters.py").write_text((d / "filters.py").read_text() + "\n# x\n")) == ["filters"]
+    assert changed(lambda d: (d / "diagnostics" / "mine.py").write_text("# an analyzer of its own\n")) == \
+        ["diagnostics"]
 
 
 def test_paired_bootstrap_interval_and_power():

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from evotrainer.base.config import BacktestConfig
 from evotrainer.base.errors import UserError
-from evotrainer.trainer.backtest.replay import gate_keys, score_in_child, severe_keys
+from evotrainer.trainer.backtest.replay import defects, gate_keys, score_in_child
 from evotrainer.trainer.backtest.results import Arm, ShortRunResult
 from evotrainer.trainer.backtest.statistics import Z_POWER, backtest_interval, decide, paired_bootstrap
 from evotrainer.trainer.diagnostics import Finding
@@ -159,6 +159,28 @@ def train_arm(bench: Bench, start: Path, cfg: BacktestConfig, role: str, branch:
     return arm, np.array(ev.greedy_correct, dtype=float)
 
 
+def evidence_shapers(cand_dir: Path, champ_dir: Path) -> list[str]:
+    """The parts of the harness the candidate changed, of those that decide what the analyzers read besides the
+    policy's own behaviour: `rewards` (the terms and rewards.py: every reward-reading analyzer scores rollouts
+    under the candidate's reward, and a tie-break term makes every group look alive), `filters` (which training
+    prompts the evidence holds: dropping the long ones shortens it without a longer limit) and `diagnostics` (the
+    harness's own analyzers, which run from the candidate's copy). A group filter is none of them: the rollouts it
+    drops stay in the evidence, marked."""
+    from evotrainer.trainer.harness import load_spec
+
+    cand, champ = load_spec(cand_dir), load_spec(champ_dir)
+
+    def files(root: Path, rel: str) -> dict[str, bytes]:
+        path = root / rel
+        found = sorted(path.rglob("*.py")) if path.is_dir() else [path] if path.is_file() else []
+        return {str(f.relative_to(root)): f.read_bytes() for f in found if "__pycache__" not in f.parts}
+
+    parts = {"rewards": (lambda h, d: (h.rewards, files(d, "rewards.py"))),
+             "filters": (lambda h, d: (h.filters, files(d, "filters.py"))),
+             "diagnostics": (lambda h, d: files(d, "diagnostics"))}
+    return [name for name, of in parts.items() if of(cand, cand_dir) != of(champ, champ_dir)]
+
+
 def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thresholds: dict, on_progress=None
               ) -> ShortRunResult:
     """Candidate vs control from the champion checkpoint, same seeds; sequential over seeds (DESIGN §7)."""
@@ -228,7 +250,7 @@ def short_run(bench: Bench, cand: Harness, start: Path, cfg: BacktestConfig, thr
         train_correct_delta=float(np.mean([a.train_correct for a in cand]) - np.mean([a.train_correct for a in ctrl])),
         findings=findings, failed_gates=sorted({f.analyzer for f in findings if f.gate}),
         control_gates=sorted(set(ctrl_rep.failed_gates)), control_gate_keys=sorted(gate_keys(ctrl_rep.findings)),
-        control_defects=sorted(severe_keys(ctrl_rep.findings)),
+        control_defects=defects(ctrl_rep.findings), shapers=evidence_shapers(cand_dir, champ_dir),
         cross=cross, **vs_start, stopped=stopped, trace=trace,
         seconds=round(time.time() - started, 1),
         seconds_per_arm=round(float(np.mean([a.seconds for a in all_arms])), 1),

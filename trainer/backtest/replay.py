@@ -127,10 +127,22 @@ def gate_keys(findings: list[Finding]) -> set[str]:
     return {_key(f) for f in findings if f.gate}
 
 
-def severe_keys(findings: list[Finding], severities: tuple[str, ...] = ("warning", "critical")) -> set[str]:
-    """The metrics (`analyzer/metric`) that findings other than gates show at one of `severities`: the defects a
-    candidate may fix (`agents.critic.fixes_of`)."""
-    return {_key(f) for f in findings if not f.gate and f.severity in severities}
+SEVERITY = {"info": 0, "warning": 1, "critical": 2}
+
+
+def defects(findings: list[Finding]) -> dict[str, str]:
+    """The worst severity, warning or critical, at which findings other than gates show each metric
+    (`analyzer/metric`): the defects a candidate may fix (`agents.critic.fixes_of`)."""
+    out: dict[str, str] = {}
+    for f in findings:
+        if not f.gate and SEVERITY.get(f.severity, 0) > SEVERITY.get(out.get(_key(f), "info"), 0):
+            out[_key(f)] = f.severity
+    return out
+
+
+def critical_defects(findings: list[Finding]) -> set[str]:
+    """The metrics a diagnosis shows at critical severity, gates aside: the main line's defects a fix must fix."""
+    return {k for k, sev in defects(findings).items() if sev == "critical"}
 
 
 def agreement(reward: np.ndarray, correct: np.ndarray) -> Agreement:

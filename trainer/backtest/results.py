@@ -45,7 +45,11 @@ class ShortRunResult(BaseModel):
     failed_gates: list[str]
     control_gates: list[str] = []  # gates the control (the champion harness) fails on its own short-run evidence
     control_gate_keys: list[str] = []  # ... per metric (`analyzer/metric`): inheritance is decided metric by metric
-    control_defects: list[str] = []  # metrics other than gates the control shows at warning or critical severity
+    # metrics other than gates the control shows at warning or critical severity, and that severity (`defects`)
+    control_defects: dict[str, str] = {}
+    # what the candidate changed that decides which evidence the analyzers read besides the policy's own behaviour
+    # (`evidence_shapers`: its rewards, prompt filters or own analyzers): its findings are not the control's kind
+    shapers: list[str] = []
     cross: CrossScore | None = None  # both arms scored under both harnesses' rewards
     # when it fails one: candidate minus the policy both arms started from (same dev items), with its interval
     start_dev: float | None = None
