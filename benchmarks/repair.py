@@ -43,7 +43,8 @@ from evotrainer.base.settings import apply_offline_switches
 ROOT = Path(__file__).resolve().parent
 FLAWED = ROOT / "flawed"
 ARMS = ["evotrainer", "reference", "hpo"]
-TEST_KEYS = ("generation", "decision", "effect", "ci_low", "ci_high", "mde", "p_gain", "failed_gates")
+TEST_KEYS = ("generation", "decision", "effect", "ci_low", "ci_high", "mde", "p_gain", "failed_gates", "repairs",
+             "fixes")
 
 
 def defects_of(harness: Path) -> list[tuple[str, str]]:
@@ -222,8 +223,9 @@ def tests_table(rows: list[dict]) -> str:
     """Every test of a defect's repair, one line each (harness, defect, seed, generation), and what the tests made
     while the defect stood add up to: how many were promoted, rejected on their measurement, blocked by a gate, or
     inconclusive, and how many of the inconclusive measured a gain the test was too weak to see (0 < effect < its
-    minimum detectable effect). A test after the repair was promoted on that line applies it a second time: listed,
-    marked, and not counted."""
+    minimum detectable effect). What the Critic found the candidate repaired (a gate the champion failed) or fixed (a
+    plain defect) is named: the rule promotes those unless shown, or measured, harmful (`agents/critic.py`). A test
+    after the repair was promoted on that line applies it a second time: listed, marked, and not counted."""
     lines = ["| harness | repair | seed | generation | dev effect [95%] | MDE | P(gain) | decision |",
              "|---|---|---|---|---|---|---|---|"]
     tests, again = [], 0
@@ -241,6 +243,9 @@ def tests_table(rows: list[dict]) -> str:
                                  + ("-" if t["mde"] is None else f"{t['mde']:.3f}") + " | "
                                  + ("-" if t["p_gain"] is None else f"{t['p_gain']:.2f}") + " | "
                                  + t["decision"] + (f" ({gates})" if gates else "")
+                                 + "".join(f"; {what} {', '.join(f'`{k}`' for k in t.get(key) or [])}"
+                                           for key, what in (("repairs", "repairs"), ("fixes", "fixes"))
+                                           if t.get(key))
                                  + (", applied again after its promotion" if second else "") + " |")
     if len(lines) == 2:
         return "No test of a defect's repair yet."

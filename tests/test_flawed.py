@@ -113,8 +113,9 @@ def test_every_test_of_a_repair_is_listed_and_those_after_its_promotion_are_not_
     def seed(s, generation, tests):
         return {"seed": s, "defects": [{"analyzer": "update_size", "repair": "learning_rate", "generation": generation,
                                         "tests": tests}]}
+    fixed = {**test(1, "promote", -0.004, 0.03), "fixes": ["update_size/update_ratio"], "repairs": []}
     row = {"harness": "low_lr", "seeds": [
-        seed(0, 1, [test(1, "promote", 0.04, 0.03), test(2, "reject", -0.03, 0.03)]),  # the second: applied again
+        seed(0, 1, [fixed, test(2, "reject", -0.03, 0.03)]),  # the second: applied again
         seed(1, None, [test(1, "inconclusive", 0.012, 0.030), test(2, "inconclusive", -0.004, 0.030)]),
         seed(2, None, [test(1, "reject", gates=["replay_agreement"]), test(2, "reject", -0.02, 0.028),
                        test(3, "reject")])]}  # the last: its backtest failed, nothing measured
@@ -122,6 +123,7 @@ def test_every_test_of_a_repair_is_listed_and_those_after_its_promotion_are_not_
     assert md.count("| low_lr | `learning_rate` |") == 7
     assert "| low_lr | `learning_rate` | 0 | 2 | -0.030 [-0.050, -0.010] | 0.030 | 0.50 | reject, applied again" in md
     assert "| 2 | 1 | - | - | - | reject (replay_agreement) |" in md
+    assert "| 0 | 1 | -0.004 [-0.024, +0.016] | 0.030 | 0.50 | promote; fixes `update_size/update_ratio` |" in md
     assert ("6 tests of a defect's repair while the defect stood: 1 promoted, 1 rejected on their measurement, 1 "
             "blocked by a gate, 2 inconclusive (1 of them a gain below the test's minimum detectable effect), 1 "
             "decided without a measurement; median MDE 0.030. 1 more applied a promoted repair again "
