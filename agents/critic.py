@@ -232,8 +232,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
         m = rule.repair_margin
         if s.ci_high >= -m:
             return Verdict(decision="promote", reasons=[
-                f"{fixed}: not shown worse than the champion's arm (upper bound {s.ci_high:+.3f} >= {-m:+.3f}), all "
-                "gates pass"], **base)
+                f"{fixed}: not shown worse than the champion's arm (upper bound {s.ci_high:+.3f} >= "
+                f"{0.0 - m:+.3f}), all gates pass"], **base)
         if s.start_delta is not None and s.start_ci_high >= -m:
             return Verdict(decision="promote", reasons=[
                 f"{fixed}; vs the starting policy ({s.start_dev:.3f}) {s.start_delta:+.3f} [{s.start_ci_low:+.3f}, "
@@ -245,8 +245,8 @@ def judge(intervention: Intervention, backtest: BacktestResult | None, rule: Pro
         # fails), by the rule's own measure of harm (P(gain) at most 1 - level) or by its interval
         return Verdict(decision="promote", reasons=[
             f"fixes {', '.join(fixed)}, critical on the main line and shown by the champion's arms, silent in the "
-            f"candidate's; {interval}: not measured harmful (upper bound {s.ci_high:+.3f} >= {-rule.fix_margin:+.3f}, "
-            f"P(gain) {post.p_gain:.2f} > {1 - rule.level:.2f}), all gates pass"], **base)
+            f"candidate's; {interval}: not measured harmful (upper bound {s.ci_high:+.3f} >= "
+            f"{0.0 - rule.fix_margin:+.3f}, P(gain) {post.p_gain:.2f} > {1 - rule.level:.2f}), all gates pass"], **base)
     harmful = s.ci_high < 0 or post.p_gain <= 1 - rule.level
     why = ("measured harmful: worse than the champion" if s.ci_high < 0 else
            f"measured harmful: a gain has probability {post.p_gain:.2f}" if harmful else
