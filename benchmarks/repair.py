@@ -91,44 +91,52 @@ def last_segment(run: Path) -> tuple[int, str] | None:
     return None
 
 
-def evidence_checks(cmp_dir: Path, seed: int, harness: Path,
-                    analyzers: list[str]) -> dict[str, tuple[bool | None, bool | None]]:
+def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str], *, evotrainer_done: bool = True,
+                    reference_done: bool = True) -> dict[str, tuple[bool | None, bool | None]]:
     """Per analyzer: (silent on EvoTrainer's last champion segment, fires on the reference's training), read from
     the run directories once and kept in `repair/s<seed>.json` beside the cells, so that a comparison resumed from
-    its committed cells (without the runs) keeps them. A file of the first format (one analyzer, flat keys) answers
-    for the harness's first defect."""
+    its committed cells (without the runs) keeps them. Each half is read as soon as its cell is done (`*_done`: a run
+    directory is complete then) and kept on its own: a benchmark stopped between a seed's EvoTrainer and reference
+    cells, and resumed on a machine without the EvoTrainer run, still knows what its evidence said. A half that
+    cannot be read (None) is not kept, so that a later run with the evidence readable answers it. A file of the first
+    format (one analyzer, flat keys) answers for the harness's first defect."""
     kept = cmp_dir / "repair" / f"s{seed}.json"
     found = json.loads(kept.read_text()) if kept.is_file() else {}
     if "analyzer_silent_at_end" in found:
         found = {"segment": found["segment"], "analyzers": {analyzers[0]: {
             "silent_at_end": found["analyzer_silent_at_end"], "reference_fires": found["reference_analyzer_fires"]}}}
-    checks = found.get("analyzers", {})
-    missing = [a for a in analyzers if a not in checks]
+    checks: dict[str, dict] = found.get("analyzers", {})
+    segment = found.get("segment")
     run = cmp_dir / "runs" / f"evotrainer-s{seed}"
     ref_dir = cmp_dir / "static" / f"reference-s{seed}"
-    seg = last_segment(run) if missing and run.is_dir() else None
-    if seg is not None and ref_dir.is_dir():
-        for a in missing:
-            at_end = fires(run / "evidence", seg[0], seg[1], run / "harness", a, cmp_dir / "work")
-            checks[a] = {"silent_at_end": None if at_end is None else not at_end,  # None: no evidence to read
-                         "reference_fires": fires(ref_dir / "evidence", None, None, harness, a, cmp_dir / "work")}
-        if all(v is not None for c in checks.values() for v in c.values()):
-            kept.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(kept, json.dumps({"segment": list(seg), "analyzers": checks}))
-    return {a: (checks[a]["silent_at_end"], checks[a]["reference_fires"]) if a in checks else (None, None)
-            for a in analyzers}
+    changed = False
+    need = [a for a in analyzers if "silent_at_end" not in checks.get(a, {})]
+    seg = last_segment(run) if need and evotrainer_done and run.is_dir() else None
+    for a in need if seg is not None else []:
+        at_end = fires(run / "evidence", seg[0], seg[1], run / "harness", a, cmp_dir / "work")
+        if at_end is not None:  # None: no evidence to read
+            checks.setdefault(a, {})["silent_at_end"], segment, changed = not at_end, list(seg), True
+    for a in [a for a in analyzers if "reference_fires" not in checks.get(a, {})]:
+        if reference_done and ref_dir.is_dir() and \
+                (ref := fires(ref_dir / "evidence", None, None, harness, a, cmp_dir / "work")) is not None:
+            checks.setdefault(a, {})["reference_fires"], changed = ref, True
+    if changed:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(kept, json.dumps({"segment": segment, "analyzers": checks}))
+    return {a: (checks.get(a, {}).get("silent_at_end"), checks.get(a, {}).get("reference_fires")) for a in analyzers}
 
 
 def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzers: list[str],
                          done: threading.Event) -> None:
-    """While a comparison runs, keep each seed's evidence checks as soon as its EvoTrainer and reference cells are
-    written (their run directories are complete then): a benchmark stopped before its last cell, and resumed on a
-    machine without the run directories, still knows what the evidence said of the seeds it finished."""
+    """While a comparison runs, keep each seed's evidence checks as soon as its EvoTrainer or reference cell is
+    written (its run directory is complete then): a benchmark stopped before its last cell, and resumed on a machine
+    without the run directories, still knows what the evidence said of the cells it finished."""
     while True:
         for s in range(seeds):
-            cells = [cmp_dir / "cells" / f"{arm}-s{s}.json" for arm in ("evotrainer", "reference")]
-            if all(c.is_file() for c in cells) and not (cmp_dir / "repair" / f"s{s}.json").is_file():
-                evidence_checks(cmp_dir, s, harness, analyzers)
+            ready = {arm: (cmp_dir / "cells" / f"{arm}-s{s}.json").is_file() for arm in ("evotrainer", "reference")}
+            if any(ready.values()):
+                evidence_checks(cmp_dir, s, harness, analyzers, evotrainer_done=ready["evotrainer"],
+                                reference_done=ready["reference"])
         if done.wait(60):
             return
 

@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -133,8 +134,8 @@ def test_every_test_of_a_repair_is_listed_and_those_after_its_promotion_are_not_
 
 def test_an_unreadable_champion_segment_is_unknown_and_not_kept(tmp_path, monkeypatch):
     """The check that the analyzer is silent at the end of the champion's line: where that evidence cannot be read,
-    the answer is unknown (not silent, which would count the defect repaired), and nothing is kept, so that a
-    later run with the evidence readable answers it."""
+    the answer is unknown (not silent, which would count the defect repaired), and it is not kept, so that a
+    later run with the evidence readable answers it; the reference's half, readable, is kept on its own."""
     repair = _repair_benchmark()
     for d in ("runs/evotrainer-s1/evidence", "static/reference-s1/evidence"):
         (tmp_path / d).mkdir(parents=True)
@@ -149,12 +150,41 @@ def test_an_unreadable_champion_segment_is_unknown_and_not_kept(tmp_path, monkey
     monkeypatch.setattr(repair, "fires", fires)
     harness = FLAWED / "math" / "low_lr"
     assert repair.evidence_checks(tmp_path, 1, harness, ["update_size"]) == {"update_size": (None, True)}
-    assert not (tmp_path / "repair" / "s1.json").exists()
+    assert json.loads((tmp_path / "repair" / "s1.json").read_text())["analyzers"] == \
+        {"update_size": {"reference_fires": True}}
     readable["champion"] = True
     assert repair.evidence_checks(tmp_path, 1, harness, ["update_size"]) == {"update_size": (True, True)}
     kept = json.loads((tmp_path / "repair" / "s1.json").read_text())
     assert kept == {"segment": [2, "control"], "analyzers": {"update_size": {"silent_at_end": True,
                                                                              "reference_fires": True}}}
+
+
+def test_each_half_of_a_seeds_evidence_checks_is_kept_when_its_cell_is_done(tmp_path, monkeypatch):
+    """A seed whose EvoTrainer cell is done and whose reference cell is still training: the champion's half is read
+    and kept (a later sitting on a machine without the EvoTrainer run still knows it), the reference's half, its run
+    directory incomplete, is not read until its cell is done."""
+    repair = _repair_benchmark()
+    for d in ("runs/evotrainer-s0/evidence", "static/reference-s0/evidence"):
+        (tmp_path / d).mkdir(parents=True)
+    monkeypatch.setattr(repair, "last_segment", lambda run: (3, "cand/g3-x"))
+    read = []
+
+    def fires(evidence_dir, generation, branch, harness, analyzer, work):
+        read.append(evidence_dir.parent.name)
+        return "reference" in str(evidence_dir)
+
+    monkeypatch.setattr(repair, "fires", fires)
+    harness = FLAWED / "math" / "low_lr"
+    halves = repair.evidence_checks(tmp_path, 0, harness, ["update_size"], reference_done=False)
+    assert halves == {"update_size": (True, None)} and read == ["evotrainer-s0"]
+    shutil.rmtree(tmp_path / "runs")  # the next sitting, elsewhere: only the committed files
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"]) == {"update_size": (True, True)}
+    assert read == ["evotrainer-s0", "reference-s0"]
+    kept = json.loads((tmp_path / "repair" / "s0.json").read_text())
+    assert kept == {"segment": [3, "cand/g3-x"], "analyzers": {"update_size": {"silent_at_end": True,
+                                                                             "reference_fires": True}}}
+    repair.evidence_checks(tmp_path, 0, harness, ["update_size"])  # both kept: nothing read again
+    assert read == ["evotrainer-s0", "reference-s0"]
 
 
 def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
