@@ -77,10 +77,11 @@ class PromotionRule(BaseModel):
                                                           "-repair_margin against the champion's arm and against the "
                                                           "policy both arms started from")
     fix_margin: float | None = Field(0.0, ge=0.0, description="a candidate that fixes a defect the main line shows "
-                                                             "at critical severity (the metric silent in every arm of "
-                                                             "the candidate) is promoted unless its paired 95% "
-                                                             "interval lies below -fix_margin against the champion's "
-                                                             "arm; null: such a fix is judged as any other change")
+                                                             "at critical severity (`agents/critic.py::fixes_of`) is "
+                                                             "promoted unless measured harmful against the champion's "
+                                                             "arm: its paired 95% interval below -fix_margin, or a "
+                                                             "gain no more probable than 1 - level; null: such a fix "
+                                                             "is judged as any other change")
     revise_reward_rise: float = Field(0.02, description="train reward rise beyond the train correct rise (candidate "
                                                         "minus control, both under the candidate's reward) without a "
                                                         "dev gain that asks for diagnostics revision")
