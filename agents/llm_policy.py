@@ -181,8 +181,11 @@ class LLMPolicy:
             f"measured of it on sealed dev): {json.dumps(catalog)}",
             "Champion harness files:\n" + _files(inp.files),
         ])
+        # an intervention's id and factor are names (the id is replaced below in any case): a model kept to the
+        # schema writes a name, not a paragraph (a 135M model fills every open string to its bound)
         shape = narrowed(Plan, values={"Intervention__transform": _one_of(menu, nullable=True)},
-                         bounds={"Plan__interventions": {"minItems": 1, "maxItems": max(1, inp.k)}},
+                         bounds={"Plan__interventions": {"minItems": 1, "maxItems": max(1, inp.k)},
+                                 "Intervention__id": {"maxLength": 40}, "Intervention__factor": {"maxLength": 80}},
                          drop=("author",), require=("interventions", "rationale"))
         out, _ = self.client.structured("planner", _system("planner", shape), user, Plan, shape)
         proposed, notes = [], []

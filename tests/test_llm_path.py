@@ -81,7 +81,9 @@ def test_one_generation_through_litellm_with_repairs(scripted_llm, tiny_policy, 
     assert "harness.yaml" in edit_path[0]["enum"] and edit_path[1]["pattern"].startswith("^diagnostics/")
     plan = formats["planner"]["json_schema"]["schema"]
     assert plan["properties"]["interventions"]["minItems"] == 1 and "author" not in plan["properties"]
-    assert "temperature" in plan["$defs"]["Intervention"]["properties"]["transform"]["anyOf"][0]["enum"]
+    intervention = plan["$defs"]["Intervention"]["properties"]
+    assert "temperature" in intervention["transform"]["anyOf"][0]["enum"]
+    assert (intervention["id"]["maxLength"], intervention["factor"]["maxLength"]) == (40, 80)  # names, not prose
     events = EventLog(run / "events.jsonl").read()
     repairs = [e for e in events if e["event"] == "repair"]
     assert any(e.get("agent") == "diagnoser" for e in repairs)  # malformed JSON -> repair round

@@ -121,6 +121,10 @@ def test_a_loop_generation_driven_by_the_local_model(server, tiny_policy, tmp_pa
         lines = (run / "transcripts" / f"{agent}.jsonl").read_text().splitlines()
         assert len(lines) == sum(c["agent"] == agent for c in calls)
         assert all(json.loads(line)["reply"] for line in lines)
+    # the plan's names kept to their bounds in the grammar (a 135M model fills an open string to its bound)
+    for line in (run / "transcripts" / "planner.jsonl").read_text().splitlines():
+        plan = json.loads(json.loads(line)["reply"])
+        assert all(len(iv["id"]) <= 40 and len(iv["factor"]) <= 80 for iv in plan["interventions"])
     # each planned candidate implemented (then judged) or dropped with its reason
     planned = [e["intervention"] for e in events if e["event"] == "decision" and e.get("node") == "plan"]
     judged = {e["branch"].removeprefix("cand/"): e for e in events
