@@ -183,3 +183,65 @@ def test_sft_rows_train_on_actions_only():
         assert len(ids) == len(mask) <= SWE.sft_env.max_context
         acted = TOK.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True)
         assert acted == "".join(a + "\n" for a in solution(t))
+
+
+def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afresh():
+    """Training keeps each episode's keys and values between turns (`episodes.CachedActor`); sealed evaluation does
+    not. On the SWE policy the package ships, with limits tight enough that actions are cut at the context's edge
+    (a cut token stays in the cache, masked) and episodes leave the batch at different turns: greedy, the episodes
+    are the same token for token; sampled, each policy token's log-probability is what one forward pass over the
+    whole episode gives, under the temperature."""
+    import torch
+
+    from evotrainer.trainer.policy import SHIPPED, load_policy
+
+    (path,) = SHIPPED.glob("swe-*")
+    model, tok = load_policy(path)
+    tasks = SWE.tasks("train", 6, seed=3)
+    rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
+    config = EnvConfig(tools=swe_env.TOOLS, max_context=280, max_action_tokens=16)
+
+    def play(**kw):
+        act = episodes.model_policy(model, tok, batch_size=3, **kw)
+        return episodes.run_episodes(act, tok, rows, config, runner=swe_env.trusted_runner)
+
+    fresh, kept = play(), play(keep_cache=True)
+    assert [o.completion_ids for o in kept] == [o.completion_ids for o in fresh]
+    assert [lp for o in kept for lp in o.logprobs] == pytest.approx([lp for o in fresh for lp in o.logprobs], abs=1e-4)
+    # the context's edge was reached, and not by every episode at the same turn
+    assert "context" in {o.episode.end for o in fresh} and len({len(o.episode.actions) for o in fresh}) > 1
+    worst = 0.0
+    for o in play(keep_cache=True, temperature=1.3, seed=0):
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([o.prompt_ids + o.completion_ids])).logits[0]
+        logp = torch.log_softmax(logits.float() / 1.3, -1)
+        start = len(o.prompt_ids) - 1
+        worst = max([worst] + [abs(logp[start + j, t].item() - lp) for j, (t, m, lp)
+                               in enumerate(zip(o.completion_ids, o.env_mask, o.logprobs)) if m])
+    assert worst < 1e-4
+    # a caller that keeps less than was sampled (here each action without its last two tokens), then drops an
+    # episode: what it did not keep is masked out of the cache, and the next turn is what a fresh pass gives
+    texts = [episodes._encode(tok, r["prompt"]) for r in rows[:4]]
+    actor = episodes.model_policy(model, tok, keep_cache=True)
+    first = actor(texts, 12, 0, [0, 1, 2, 3])
+    assert all(len(a) > 2 for a, _ in first)
+    again = [texts[i] + first[i][0][:-2] + episodes._encode(tok, "\nok\n") for i in (0, 2, 3)]
+    cached, plain = actor(again, 12, 1, [0, 2, 3]), episodes.model_policy(model, tok)(again, 12, 1, [0, 2, 3])
+    assert [a for a, _ in cached] == [a for a, _ in plain]
+    assert [lp for _, lps in cached for lp in lps] == pytest.approx([lp for _, lps in plain for lp in lps], abs=1e-4)
+
+
+def test_the_cached_sampler_filters_as_generate_does():
+    """`CachedActor.scores` is HF's temperature and top-p warpers, in that order, on any logits (the top token is
+    always kept)."""
+    import torch
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
+    logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, 7] = 50.0  # one token holds nearly all the mass
+    for temperature, top_p in ((0.7, 0.8), (1.3, 0.95), (1.0, 0.05), (1.0, 1.0)):
+        actor = episodes.CachedActor(None, 0, temperature, top_p, (1, 2), 8)
+        want = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(temperature)(None, logits)) if top_p < 1 else \
+            logits / temperature
+        assert torch.equal(actor.scores(logits), want)
+    assert torch.equal(episodes.CachedActor(None, 0, 0.0, 1.0, (1, 2), 8).scores(logits), logits)  # greedy

@@ -276,7 +276,7 @@ def make_rollout_func(env_config, args):
         if [r["prompt"] for r in rows] != list(prompts):
             raise RuntimeError("rollout_func received prompts that are not the current batch's rows")
         act = model_policy(trainer.model, trainer.processing_class, temperature=args.temperature,
-                           top_p=args.top_p, seed=None)
+                           top_p=args.top_p, seed=None, keep_cache=True)
         outs = run_episodes(act, trainer.processing_class, rows, env_config)
         return {"prompt_ids": [o.prompt_ids for o in outs], "completion_ids": [o.completion_ids for o in outs],
                 "logprobs": [o.logprobs for o in outs], "env_mask": [o.env_mask for o in outs],
