@@ -6,8 +6,9 @@ Three measurements, each the median of `--repeats`:
 - environment only: scripted solution episodes (search/view/edit/test/submit), every `test` action run in the
   program sandbox as in training: the cost of the environment itself;
 - sealed grading: replaying those episodes' edits and running the hidden tests (what every rollout costs);
-- with a policy: greedy episodes of a checkpoint (default: the cached SWE warm policy, else a fresh untrained
-  model, whose rambling actions are the worst case) in the sealed environment, generation included.
+- with a policy: greedy episodes of a checkpoint as sealed evaluation plays them, its cache kept between turns
+  (default: the cached SWE warm policy, else a fresh untrained model, whose rambling actions are the worst case)
+  in the sealed environment, generation included.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def main() -> None:
 
     def play():
         rows = [{"prompt": t.prompt, **dict(t.columns)} for t in dev]
-        played[:] = episodes.run_episodes(episodes.model_policy(model, tok), tok, rows, d.sealed_env)
+        played[:] = episodes.run_episodes(episodes.model_policy(model, tok, keep_cache=True), tok, rows, d.sealed_env)
         return played
 
     sec, _ = timed(play, args.repeats)

@@ -1,7 +1,9 @@
 """Multi-turn rollouts: a policy acting in the SWE tool environment, a batch of episodes at a time.
 
-Each turn, every unfinished episode's text so far (prompt, actions, observations) goes through one batched
-`generate` call that stops at the end of an action line; the actions are applied, the pending `test` actions
+Each turn, every unfinished episode's text so far (prompt, actions, observations) goes through the model, which
+writes actions until the end of an action line: training and sealed evaluation keep each episode's keys and
+values from one turn to the next (`CachedActor`), the warm-up's evaluation calls `generate` on the whole text.
+The actions are applied, the pending `test` actions
 of the turn run together in the program sandbox, and each observation is appended. What the policy wrote is
 marked 1 in `env_mask`, what the environment wrote 0, so observations are masked out of the loss (TRL's
 `rollout_func` contract: prompt_ids, completion_ids, logprobs, env_mask).
@@ -9,6 +11,7 @@ marked 1 in `env_mask`, what the environment wrote 0, so observations are masked
 An episode ends on `submit` (the environment then appends `<eos>`), when the turn budget is spent, or when
 the context window is full; an action that runs past `max_action_tokens` is refused with an error observation.
 Greedy decoding with fixed batching is deterministic, so sealed evaluation of one checkpoint repeats exactly.
+This module is part of the SWE scorer's fingerprint (`domains/swe.py`): sealed evaluation plays its episodes.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def model_policy(model, tokenizer, *, temperature: float = 0.0, top_p: float = 1
     torch's generator alone (training: the trainer owns it, and reseeding each step would repeat the samples).
     `keep_cache` keeps each episode's keys and values from one turn to the next (`CachedActor`), so a turn computes
     only what was added since the last one; without it every turn runs the whole text again through `generate`
-    (sealed evaluation keeps that path, whose greedy actions repeat exactly)."""
+    (the warm-up's own evaluation keeps that path, so that the policy it ships is rebuilt as it was)."""
     import torch
 
     if seed is not None:
@@ -413,10 +416,11 @@ def sft_rows(tokenizer, tasks: list, config: EnvConfig, seed: int, noise: float)
 
 
 def play(model, tokenizer, tasks: list, config: EnvConfig, *, temperature: float = 0.0, seed: int = 0,
-         batch_size: int = 128) -> list[str]:
+         batch_size: int = 128, keep_cache: bool = False) -> list[str]:
     """The completion text of one episode per task (evaluation: the sealed scorer grades these)."""
     rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
-    act = model_policy(model, tokenizer, temperature=temperature, seed=seed, batch_size=batch_size)
+    act = model_policy(model, tokenizer, temperature=temperature, seed=seed, batch_size=batch_size,
+                       keep_cache=keep_cache)
     return [o.text for o in run_episodes(act, tokenizer, rows, config)]
 
 

@@ -89,7 +89,7 @@ def evaluate(spec: EvalSpec) -> EvalResult:
                             f"evaluate a policy built for the {spec.domain} domain (its default has {env.max_context})")
 
         def complete(items: list, temperature: float = 0.0, batch_size: int = 256) -> list[str]:
-            return play(model, tokenizer, items, env, temperature=temperature, seed=spec.seed)
+            return play(model, tokenizer, items, env, temperature=temperature, seed=spec.seed, keep_cache=True)
     else:
         budget = getattr(domain, "split_max_new_tokens", {}).get(spec.split, domain.max_new_tokens)
         shown = dict(zip((t.id for t in tasks), format_prompts(tokenizer, prompts)))  # what the policy is given

@@ -27,7 +27,7 @@ import json
 import random
 from functools import cache
 
-from evotrainer.trainer import swe_env
+from evotrainer.trainer import episodes, swe_env
 from evotrainer.trainer.domains.base import Grade, Task, split_of
 
 LEVEL_WEIGHTS = {1: 0.35, 2: 0.40, 3: 0.25}
@@ -179,7 +179,8 @@ class SWEDomain:
     sealed_env = swe_env.SEALED
     sft_env = swe_env.EnvConfig(tools=swe_env.TOOLS)  # the warm-up's scripted episodes may look at the history
     sealed_columns = ("answer",)  # the pristine repository and the hidden tests
-    sealed_sources = (swe_env,)  # part of the scorer: fingerprinted with this module
+    # part of the scorer, fingerprinted with this module: the environment, and the loop sealed evaluation plays
+    sealed_sources = (swe_env, episodes)
     evidence_columns = ("turns", "tool_calls", "tool_errors", "actions", "edits", "submitted", "end",
                         "tested_after_edit", "leak_calls", "transcript")
 
