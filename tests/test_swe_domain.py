@@ -185,12 +185,13 @@ def test_sft_rows_train_on_actions_only():
         assert acted == "".join(a + "\n" for a in solution(t))
 
 
-def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afresh():
-    """Training keeps each episode's keys and values between turns (`episodes.CachedActor`); sealed evaluation does
-    not. On the SWE policy the package ships, with limits tight enough that actions are cut at the context's edge
-    (a cut token stays in the cache, masked) and episodes leave the batch at different turns: greedy, the episodes
-    are the same token for token; sampled, each policy token's log-probability is what one forward pass over the
-    whole episode gives, under the temperature."""
+def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afresh(monkeypatch):
+    """Training and sealed evaluation keep each episode's keys and values between turns (`episodes.CachedActor`).
+    On the SWE policy the package ships, with limits tight enough that episodes reach the context's edge and leave
+    the batch at different turns: greedy, the episodes are the same token for token as with `generate` over the
+    whole text; sampled, each policy token's log-probability is what one forward pass over the whole episode gives,
+    under the temperature; a caller that keeps less than was sampled has the rest dropped from the cache; and a set
+    of episodes whose caches could outgrow `CACHE_BYTES` is played without one."""
     import torch
 
     from evotrainer.trainer.policy import SHIPPED, load_policy
@@ -201,8 +202,8 @@ def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afre
     rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
     config = EnvConfig(tools=swe_env.TOOLS, max_context=280, max_action_tokens=16)
 
-    def play(**kw):
-        act = episodes.model_policy(model, tok, batch_size=3, **kw)
+    def play(act=None, **kw):
+        act = act or episodes.model_policy(model, tok, batch_size=3, **kw)
         return episodes.run_episodes(act, tok, rows, config, runner=swe_env.trusted_runner)
 
     fresh, kept = play(), play(keep_cache=True)
@@ -229,19 +230,27 @@ def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afre
     cached, plain = actor(again, 12, 1, [0, 2, 3]), episodes.model_policy(model, tok)(again, 12, 1, [0, 2, 3])
     assert [a for a, _ in cached] == [a for a, _ in plain]
     assert [lp for _, lps in cached for lp in lps] == pytest.approx([lp for _, lps in plain for lp in lps], abs=1e-4)
+    for budget, cached in ((6 * episodes.kv_bytes(model), True), (6 * episodes.kv_bytes(model) - 1, False)):
+        monkeypatch.setattr(episodes, "CACHE_BYTES", budget)
+        actor = episodes.model_policy(model, tok, batch_size=3, keep_cache=True)
+        assert [o.completion_ids for o in play(actor)] == [o.completion_ids for o in fresh]
+        assert actor.cached is cached and bool(actor.batches) is cached  # (batches left: episodes cut at turn 8)
 
 
 def test_the_cached_sampler_filters_as_generate_does():
     """`CachedActor.scores` is HF's temperature and top-p warpers, in that order, on any logits (the top token is
     always kept)."""
+    from types import SimpleNamespace
+
     import torch
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
+    tok = SimpleNamespace(pad_token_id=0)
     logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(0)) * 3
     logits[0, 7] = 50.0  # one token holds nearly all the mass
     for temperature, top_p in ((0.7, 0.8), (1.3, 0.95), (1.0, 0.05), (1.0, 1.0)):
-        actor = episodes.CachedActor(None, 0, temperature, top_p, (1, 2), 8)
+        actor = episodes.CachedActor(None, tok, temperature, top_p, (1, 2), 8)
         want = TopPLogitsWarper(top_p)(None, TemperatureLogitsWarper(temperature)(None, logits)) if top_p < 1 else \
             logits / temperature
         assert torch.equal(actor.scores(logits), want)
-    assert torch.equal(episodes.CachedActor(None, 0, 0.0, 1.0, (1, 2), 8).scores(logits), logits)  # greedy
+    assert torch.equal(episodes.CachedActor(None, tok, 0.0, 1.0, (1, 2), 8).scores(logits), logits)  # greedy

@@ -23,6 +23,7 @@ from evotrainer.trainer import swe_env
 from evotrainer.trainer.swe_env import EnvConfig, Episode
 
 RESERVE = len("\n" + swe_env.END_CONTEXT) + 1  # room kept free to close an episode that hits the context limit
+CACHE_BYTES = 4 << 30  # the most keys and values `CachedActor` keeps at once; a larger set of episodes goes uncached
 
 
 @dataclass
@@ -52,7 +53,7 @@ def model_policy(model, tokenizer, *, temperature: float = 0.0, top_p: float = 1
         torch.manual_seed(seed)
     stop = (_encode(tokenizer, "\n")[-1], tokenizer.eos_token_id)
     if keep_cache:
-        return CachedActor(model, tokenizer.pad_token_id, temperature, top_p, stop, batch_size)
+        return CachedActor(model, tokenizer, temperature, top_p, stop, batch_size)
 
     def act(contexts: list[list[int]], max_new: int, turn: int, which: list[int]):
         return _generate(model, tokenizer, contexts, max_new, temperature, top_p, stop, batch_size)
@@ -177,7 +178,7 @@ class CachedActor:
 
     Without it, a turn's `generate` runs every episode's whole text through the model again: in a training run of
     the SWE policy that prefill was half of generation's time (py-spy, 2026-12-07), and a batch of 32 training
-    episodes plays in 0.46x the time with the cache (`python benchmarks/bench_rollouts.py`, beside two training
+    episodes plays in 0.43x the time with the cache (`python benchmarks/bench_rollouts.py`, beside two training
     processes), its layers appending in place (`_GrowingLayer`).
 
     The episodes of a batch (at most `batch_size`, fixed at turn 0) share one cache. Each turn appends what is new
@@ -187,19 +188,29 @@ class CachedActor:
     token's position counts only the tokens kept before it. So the model sees each episode's text exactly as a
     fresh `generate` would, up to the order of floating-point sums. Sampling is HF's: the logits divided by the
     temperature, top-p filtered, `torch.multinomial` on their softmax; the log-probabilities are those of that
-    distribution. A finished episode's row leaves the cache."""
+    distribution. A finished episode's row leaves the cache.
 
-    def __init__(self, model, pad: int, temperature: float, top_p: float, stop: tuple[int, int], batch_size: int):
-        self.model, self.pad, self.temperature, self.top_p = model, pad, temperature, top_p
-        self.stop, self.batch_size = stop, batch_size
+    Every batch's cache lives until its episodes end: a set of episodes whose caches could outgrow `CACHE_BYTES`
+    (episodes x the model's positions x its keys and values a token) is played as without the cache."""
+
+    def __init__(self, model, tokenizer, temperature: float, top_p: float, stop: tuple[int, int], batch_size: int):
+        self.model, self.tokenizer, self.temperature, self.top_p = model, tokenizer, temperature, top_p
+        self.pad, self.stop, self.batch_size = tokenizer.pad_token_id, stop, batch_size
         self.batches: list[_CacheBatch] = []
+        self.episodes: set[int] = set()
+        self.cached = True
 
     def __call__(self, contexts: list[list[int]], max_new: int, turn: int, which: list[int]):
         import torch
 
+        if turn == 0 or not set(which) <= self.episodes:  # a new set of episodes
+            self.episodes, self.cached = set(which), len(which) * kv_bytes(self.model) <= CACHE_BYTES
+            self.batches = [_CacheBatch(which[b:b + self.batch_size])
+                            for b in range(0, len(which), self.batch_size)] if self.cached else []
+        if not self.cached:
+            return _generate(self.model, self.tokenizer, contexts, max_new, self.temperature, self.top_p, self.stop,
+                             self.batch_size)
         text = dict(zip(which, contexts))
-        if turn == 0 or not set(which) <= {i for b in self.batches for i in b.rows}:  # a new set of episodes
-            self.batches = [_CacheBatch(which[b:b + self.batch_size]) for b in range(0, len(which), self.batch_size)]
         out: dict[int, tuple[list[int], list[float]]] = {}
         with torch.inference_mode():
             for batch in self.batches:
@@ -241,13 +252,27 @@ class CachedActor:
         return tok, logp.gather(1, tok[:, None])[:, 0]
 
 
+def kv_bytes(model) -> int:
+    """The bytes of keys and values one episode may hold in `model`'s cache: all its positions, plus the slack a
+    `_GrowingLayer` buffer keeps."""
+    cfg = model.config.get_text_config()
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    size = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * heads * head_dim * size * (cfg.max_position_embeddings + GROWTH)
+
+
+GROWTH = 64  # columns a `_GrowingLayer` buffer grows by
+
+
 def _growing_cache():
     """A cache whose layers append in place (`_GrowingLayer`)."""
     from transformers.cache_utils import Cache, DynamicLayer
 
     class _GrowingLayer(DynamicLayer):
-        """`DynamicLayer` with its keys and values kept as views of buffers grown by doubling: `DynamicLayer`
-        appends by `cat`, a copy of the whole cache at every step (a third of the rollouts' time, measured)."""
+        """`DynamicLayer` with its keys and values kept as views of buffers grown `GROWTH` columns at a time:
+        `DynamicLayer` appends by `cat`, a copy of the whole cache at every step (a third of the rollouts' time,
+        measured)."""
 
         def update(self, key_states, value_states, *args, **kwargs):
             if not self.is_initialized:
@@ -257,7 +282,7 @@ def _growing_cache():
             # a selection of rows or a compaction replaced the keys with a tensor of their own: new buffers
             if buf is None or n + k > buf[0].shape[-2] or (n and self.keys.data_ptr() != buf[0].data_ptr()) \
                     or buf[0].shape[0] != key_states.shape[0]:
-                shape = (*key_states.shape[:2], max(2 * (n + k), 64), key_states.shape[-1])
+                shape = (*key_states.shape[:2], n + k + GROWTH, key_states.shape[-1])
                 buf = (key_states.new_empty(shape), value_states.new_empty(shape))
                 if n:
                     buf[0][..., :n, :], buf[1][..., :n, :] = self.keys, self.values
