@@ -28,13 +28,14 @@ TINY_MODEL = {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_
 TINY_WARMUP = {"target_accuracy": 0.99, "max_steps": 150, "eval_every": 150, "eval_items": 50}
 
 
-# seconds each of the longest files took in one process (`pytest -n 0 --durations=100` beside one benchmark training,
-# 2026-12-06): they start longest first. Only the order depends on these figures, never a result.
-FILE_SECONDS = {"test_compare.py": 264, "test_loop.py": 235, "test_backtest.py": 233, "test_local_llm.py": 185,
-                "test_abuse_loop.py": 155, "test_line.py": 155, "test_executor.py": 130,
-                "test_code_training.py": 107, "test_train_cli.py": 83, "test_swe_training.py": 73,
-                "test_llm_path.py": 64, "test_abuse.py": 60, "test_pretrained.py": 59, "test_ranks.py": 50,
-                "test_flawed.py": 45}  # since its math harnesses run on recorded evidence (`--durations=0`, idle)
+# seconds each file's tests took (setup, call and teardown summed: `make test` with `--durations=0`, two workers, idle,
+# 2026-12-07): they start longest first. Only the order depends on these figures, never a result.
+FILE_SECONDS = {"test_loop.py": 233, "test_compare.py": 210, "test_line.py": 147, "test_local_llm.py": 146,
+                "test_backtest.py": 140, "test_executor.py": 114, "test_swe_training.py": 78, "test_abuse_loop.py": 74,
+                "test_train_cli.py": 68, "test_code_training.py": 68, "test_llm_path.py": 59, "test_pretrained.py": 52,
+                "test_abuse.py": 36, "test_flawed.py": 30, "test_ranks.py": 29, "test_llm_client.py": 28,
+                "test_resume.py": 23, "test_sandbox.py": 21, "test_workspace.py": 20, "test_agents.py": 19,
+                "test_memory.py": 18, "test_grading.py": 12, "test_code_domain.py": 12, "test_program_sandbox.py": 11}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
