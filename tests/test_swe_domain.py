@@ -221,7 +221,7 @@ def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afre
                                in enumerate(zip(o.completion_ids, o.env_mask, o.logprobs)) if m])
     assert worst < 1e-4
     # a caller that keeps less than was sampled (here each action without its last two tokens), then drops an
-    # episode: what it did not keep is masked out of the cache, and the next turn is what a fresh pass gives
+    # episode: what it did not keep is dropped from the cache, and the next turn is what a fresh pass gives
     texts = [episodes._encode(tok, r["prompt"]) for r in rows[:4]]
     actor = episodes.model_policy(model, tok, keep_cache=True)
     first = actor(texts, 12, 0, [0, 1, 2, 3])
@@ -230,11 +230,11 @@ def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afre
     cached, plain = actor(again, 12, 1, [0, 2, 3]), episodes.model_policy(model, tok)(again, 12, 1, [0, 2, 3])
     assert [a for a, _ in cached] == [a for a, _ in plain]
     assert [lp for _, lps in cached for lp in lps] == pytest.approx([lp for _, lps in plain for lp in lps], abs=1e-4)
-    for budget, cached in ((6 * episodes.kv_bytes(model), True), (6 * episodes.kv_bytes(model) - 1, False)):
+    for budget, keeps in ((6 * episodes.kv_bytes(model), True), (6 * episodes.kv_bytes(model) - 1, False)):
         monkeypatch.setattr(episodes, "CACHE_BYTES", budget)
         actor = episodes.model_policy(model, tok, batch_size=3, keep_cache=True)
         assert [o.completion_ids for o in play(actor)] == [o.completion_ids for o in fresh]
-        assert actor.cached is cached and bool(actor.batches) is cached  # (batches left: episodes cut at turn 8)
+        assert actor.cached is keeps and bool(actor.batches) is keeps  # (no call after the last turn empties them)
 
 
 def test_the_cached_sampler_filters_as_generate_does():
