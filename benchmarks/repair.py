@@ -27,6 +27,7 @@ promote shows why: measured no better, blocked by a gate, or a gain smaller than
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -91,6 +92,16 @@ def last_segment(run: Path) -> tuple[int, str] | None:
     return None
 
 
+def cell_identity(path: Path) -> str | None:
+    """What a cell measured, as a digest (None while the cell is not written): its file without the seconds it
+    took, so that a cell computed again identically keeps its identity and one that measured anything else does
+    not."""
+    if not path.is_file():
+        return None
+    cell = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("cpu_seconds", "wall_seconds")}
+    return hashlib.sha256(json.dumps(cell, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str], *, evotrainer_done: bool = True,
                     reference_done: bool = True) -> dict[str, tuple[bool | None, bool | None]]:
     """Per analyzer: (silent on EvoTrainer's last champion segment, fires on the reference's training), read from
@@ -99,7 +110,12 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str
     directory is complete then) and kept on its own: a benchmark stopped between a seed's EvoTrainer and reference
     cells, and resumed on a machine without the EvoTrainer run, still knows what its evidence said. A half that
     cannot be read (None) is not kept, so that a later run with the evidence readable answers it. A file of the first
-    format (one analyzer, flat keys) answers for the harness's first defect."""
+    format (one analyzer, flat keys) answers for the harness's first defect.
+
+    Each half is kept with the identity of the cell it was read beside (`cell_identity`) and answers only for that
+    cell: a reference cell computed again for a longer EvoTrainer line (compare sets a stale cell aside), or an
+    EvoTrainer cell computed again under a changed loop, has its half read anew from its own run. A half kept before
+    identities were (no `cells` key) is taken to belong to the cell on record when first read here."""
     kept = cmp_dir / "repair" / f"s{seed}.json"
     found = json.loads(kept.read_text()) if kept.is_file() else {}
     if "analyzer_silent_at_end" in found:
@@ -107,9 +123,17 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str
             "silent_at_end": found["analyzer_silent_at_end"], "reference_fires": found["reference_analyzer_fires"]}}}
     checks: dict[str, dict] = found.get("analyzers", {})
     segment = found.get("segment")
+    now = {arm: cell_identity(cmp_dir / "cells" / f"{arm}-s{seed}.json") for arm in ("evotrainer", "reference")}
+    cells = found.get("cells", now) if found else {}
+    changed = bool(found) and "cells" not in found
+    for arm, key in (("evotrainer", "silent_at_end"), ("reference", "reference_fires")):
+        if cells.get(arm) != now[arm]:  # kept beside another cell than the one on record: read again
+            for c in checks.values():
+                changed |= c.pop(key, None) is not None
+            segment = None if arm == "evotrainer" else segment
+        cells[arm] = now[arm]
     run = cmp_dir / "runs" / f"evotrainer-s{seed}"
     ref_dir = cmp_dir / "static" / f"reference-s{seed}"
-    changed = False
     need = [a for a in analyzers if "silent_at_end" not in checks.get(a, {})]
     seg = last_segment(run) if need and evotrainer_done and run.is_dir() else None
     for a in need if seg is not None else []:
@@ -122,7 +146,7 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str
             checks.setdefault(a, {})["reference_fires"], changed = ref, True
     if changed:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(kept, json.dumps({"segment": segment, "analyzers": checks}))
+        atomic_write_text(kept, json.dumps({"segment": segment, "analyzers": checks, "cells": cells}))
     return {a: (checks.get(a, {}).get("silent_at_end"), checks.get(a, {}).get("reference_fires")) for a in analyzers}
 
 

@@ -156,7 +156,8 @@ def test_an_unreadable_champion_segment_is_unknown_and_not_kept(tmp_path, monkey
     assert repair.evidence_checks(tmp_path, 1, harness, ["update_size"]) == {"update_size": (True, True)}
     kept = json.loads((tmp_path / "repair" / "s1.json").read_text())
     assert kept == {"segment": [2, "control"], "analyzers": {"update_size": {"silent_at_end": True,
-                                                                             "reference_fires": True}}}
+                                                                             "reference_fires": True}},
+                    "cells": {"evotrainer": None, "reference": None}}  # no cell files in this test
 
 
 def test_each_half_of_a_seeds_evidence_checks_is_kept_when_its_cell_is_done(tmp_path, monkeypatch):
@@ -182,9 +183,63 @@ def test_each_half_of_a_seeds_evidence_checks_is_kept_when_its_cell_is_done(tmp_
     assert read == ["evotrainer-s0", "reference-s0"]
     kept = json.loads((tmp_path / "repair" / "s0.json").read_text())
     assert kept == {"segment": [3, "cand/g3-x"], "analyzers": {"update_size": {"silent_at_end": True,
-                                                                             "reference_fires": True}}}
+                                                                             "reference_fires": True}},
+                    "cells": {"evotrainer": None, "reference": None}}  # no cell files in this test
     repair.evidence_checks(tmp_path, 0, harness, ["update_size"])  # both kept: nothing read again
     assert read == ["evotrainer-s0", "reference-s0"]
+
+
+def test_a_kept_half_answers_only_for_the_cell_it_was_read_beside(tmp_path, monkeypatch):
+    """A reference cell computed again (compare sets a stale one aside when EvoTrainer's line grows) and an
+    EvoTrainer cell computed again under a changed loop have their halves read anew from their own runs; a cell
+    computed again to the same measurement, in other seconds, keeps its half; a half kept before identities were is
+    taken to belong to the cells on record."""
+    repair = _repair_benchmark()
+    for d in ("runs/evotrainer-s0/evidence", "static/reference-s0/evidence", "cells", "repair"):
+        (tmp_path / d).mkdir(parents=True)
+    monkeypatch.setattr(repair, "last_segment", lambda run: (3, "control"))
+    answers = {"evotrainer": True, "reference": True}  # what each run's evidence says when read
+    read = []
+
+    def fires(evidence_dir, generation, branch, harness, analyzer, work):
+        arm = "reference" if "reference" in str(evidence_dir) else "evotrainer"
+        read.append(arm)
+        return answers[arm]
+
+    def write_cell(arm, main_steps, seconds, accuracy=0.5):
+        (tmp_path / "cells" / f"{arm}-s0.json").write_text(json.dumps(
+            {"arm": arm, "seed": 0, "main_steps": main_steps, "test_accuracy": accuracy, "wall_seconds": seconds}))
+
+    monkeypatch.setattr(repair, "fires", fires)
+    harness, kept = FLAWED / "math" / "low_lr", tmp_path / "repair" / "s0.json"
+    # kept before identities were: adopted by the cells on record, nothing read again
+    write_cell("evotrainer", 60, 100.0)
+    write_cell("reference", 60, 50.0)
+    kept.write_text(json.dumps({"segment": [3, "control"], "analyzers": {
+        "update_size": {"silent_at_end": False, "reference_fires": True}}}))
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"]) == {"update_size": (False, True)}
+    assert read == [] and set(json.loads(kept.read_text())["cells"]) == {"evotrainer", "reference"}
+    # the same EvoTrainer measurement in other seconds: its half stands
+    write_cell("evotrainer", 60, 140.0)
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"]) == {"update_size": (False, True)}
+    assert read == []
+    # EvoTrainer computed again, now promoting: its half is read from its run, the reference's stands
+    answers["evotrainer"] = False
+    write_cell("evotrainer", 80, 150.0, accuracy=0.55)
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"]) == {"update_size": (True, True)}
+    assert read == ["evotrainer"]
+    # the reference set aside as stale and training again: its half is gone, not read from a run in progress
+    (tmp_path / "cells" / "reference-s0.json").unlink()
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"], reference_done=False) == \
+        {"update_size": (True, None)}
+    assert "reference_fires" not in json.loads(kept.read_text())["analyzers"]["update_size"]
+    # its new cell done: read from its new run, and kept beside it
+    answers["reference"] = False
+    write_cell("reference", 80, 70.0)
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"]) == {"update_size": (True, False)}
+    assert read == ["evotrainer", "reference"]
+    assert repair.evidence_checks(tmp_path, 0, harness, ["update_size"]) == {"update_size": (True, False)}
+    assert read == ["evotrainer", "reference"]
 
 
 def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
