@@ -39,7 +39,7 @@ def main() -> None:
     apply_offline_switches()
     import torch
 
-    from evotrainer.trainer import episodes
+    from evotrainer.trainer import episodes, swe_scripts
     from evotrainer.trainer.domains import get_domain, grade_all
     from evotrainer.trainer.policy import build_model, build_tokenizer, cached_policy, default_configs, load_policy
 
@@ -48,12 +48,12 @@ def main() -> None:
     tasks = d.tasks("train", args.episodes, seed=1)
     tok = build_tokenizer()
     rng = random.Random(0)
-    scripts = [episodes.solution_script(t.target, rng, 0.3)[0] for t in tasks]
+    scripts = [swe_scripts.solution_script(t.target, rng, 0.3)[0] for t in tasks]
     rows = [{"prompt": t.prompt, **dict(t.columns)} for t in tasks]
     grade_all(d, ["x"], [tasks[0].answer], ["episode"])  # start the sandbox workers once, as training does
 
     def scripted():
-        return episodes.run_episodes(episodes.script_policy(tok, scripts), tok, rows, d.sft_env)
+        return episodes.run_episodes(swe_scripts.script_policy(tok, scripts), tok, rows, d.sft_env)
 
     sec, outs = timed(scripted, args.repeats)
     steps = sum(len(o.episode.actions) for o in outs)

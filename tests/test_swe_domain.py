@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from evotrainer.trainer import episodes, swe_env
+from evotrainer.trainer import episodes, swe_env, swe_scripts
 from evotrainer.trainer.domains import get_domain, grade_all
 from evotrainer.trainer.policy import build_tokenizer
 from evotrainer.trainer.swe_env import EnvConfig, Episode
@@ -24,7 +24,7 @@ def row(t) -> dict:
 
 
 def play(tasks, scripts, config=swe_env.SEALED, runner=swe_env.sandbox_runner):
-    return episodes.run_episodes(episodes.script_policy(TOK, scripts), TOK, [row(t) for t in tasks], config,
+    return episodes.run_episodes(swe_scripts.script_policy(TOK, scripts), TOK, [row(t) for t in tasks], config,
                                  runner=runner)
 
 
@@ -158,7 +158,7 @@ def test_replayed_evidence_matches_what_the_environment_did():
     import random
 
     rng = random.Random(1)
-    scripts = [episodes.solution_script(t.target, rng, 1.0)[0] for t in tasks]  # detours of every kind
+    scripts = [swe_scripts.solution_script(t.target, rng, 1.0)[0] for t in tasks]  # detours of every kind
     outs = play(tasks, scripts, LEAKY, swe_env.trusted_runner)
     for o, g in zip(outs, grade(tasks, outs)):
         assert json.loads(g.columns["actions"]) == o.episode.actions
@@ -177,7 +177,7 @@ def test_env_config_is_checked():
 
 def test_sft_rows_train_on_actions_only():
     tasks = SWE.tasks("train", 16, seed=0)
-    rows = episodes.sft_rows(TOK, tasks, SWE.sft_env, seed=0, noise=0.0)
+    rows = swe_scripts.sft_rows(TOK, tasks, SWE.sft_env, seed=0, noise=0.0)
     for t, r in zip(tasks, rows):
         ids, mask = r["input_ids"], r["completion_mask"]
         assert len(ids) == len(mask) <= SWE.sft_env.max_context
@@ -222,11 +222,11 @@ def test_a_rollout_that_keeps_its_cache_acts_as_one_that_computes_each_turn_afre
     assert worst < 1e-4
     # a caller that keeps less than was sampled (here each action without its last two tokens), then drops an
     # episode: what it did not keep is dropped from the cache, and the next turn is what a fresh pass gives
-    texts = [episodes._encode(tok, r["prompt"]) for r in rows[:4]]
+    texts = [episodes.encode(tok, r["prompt"]) for r in rows[:4]]
     actor = episodes.model_policy(model, tok, keep_cache=True)
     first = actor(texts, 12, 0, [0, 1, 2, 3])
     assert all(len(a) > 2 for a, _ in first)
-    again = [texts[i] + first[i][0][:-2] + episodes._encode(tok, "\nok\n") for i in (0, 2, 3)]
+    again = [texts[i] + first[i][0][:-2] + episodes.encode(tok, "\nok\n") for i in (0, 2, 3)]
     cached, plain = actor(again, 12, 1, [0, 2, 3]), episodes.model_policy(model, tok)(again, 12, 1, [0, 2, 3])
     assert [a for a, _ in cached] == [a for a, _ in plain]
     assert [lp for _, lps in cached for lp in lps] == pytest.approx([lp for _, lps in plain for lp in lps], abs=1e-4)

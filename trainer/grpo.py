@@ -269,7 +269,8 @@ def make_rollout_func(env_config, args):
     """TRL's `rollout_func` for a multi-turn domain: one episode per prompt it receives (each prompt already
     repeated `num_generations` times), observations masked through `env_mask`, and an `episode` column (how it
     ended, visible tests on the final repository) forwarded to the reward functions."""
-    from evotrainer.trainer.episodes import episode_info, model_policy, run_episodes
+    from evotrainer.trainer.episodes import model_policy, run_episodes
+    from evotrainer.trainer.swe_scripts import episode_info
 
     def rollout(prompts: list, trainer) -> dict:
         rows = trainer.current_inputs

@@ -220,7 +220,7 @@ def sample_batch(domain, n: int = 12) -> dict:
     the domain; the validation child receives it as data."""
     tasks = domain.tasks("train", n // 4, seed=0)
     if getattr(domain, "multi_turn", False):
-        from evotrainer.trainer.episodes import sample_episodes
+        from evotrainer.trainer.swe_scripts import sample_episodes
 
         return sample_episodes(domain, tasks)
     completions, rows = [], []

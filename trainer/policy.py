@@ -180,10 +180,10 @@ def cache_key(domain: str, seed: int, model_cfg: ModelConfig, warm_cfg: WarmupCo
     if getattr(get_domain(domain), "multi_turn", False):  # the scripted SFT episodes are code, not data
         import inspect
 
-        from evotrainer.trainer import episodes
+        from evotrainer.trainer import swe_scripts
 
         key["sft"] = hashlib.blake2b("".join(inspect.getsource(f) for f in (
-            episodes.solution_script, episodes.sft_rows)).encode() + repr(episodes.DETOURS).encode(),
+            swe_scripts.solution_script, swe_scripts.sft_rows)).encode() + repr(swe_scripts.DETOURS).encode(),
             digest_size=6).hexdigest()
     blob = json.dumps(key, sort_keys=True)
     return f"{domain}-s{seed}-{hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()}"
@@ -277,7 +277,8 @@ def warm_up(domain_name: str, seed: int, model_cfg: ModelConfig, warm_cfg: Warmu
     train = domain.tasks("train", min(warm_cfg.max_steps, 1000 if not multi_turn else 500) * warm_cfg.batch_size,
                          seed=10_000 + seed)
     if multi_turn:  # scripted solution episodes, observations masked out of the loss
-        from evotrainer.trainer.episodes import play, sft_rows
+        from evotrainer.trainer.episodes import play
+        from evotrainer.trainer.swe_scripts import sft_rows
 
         rows = sft_rows(tokenizer, train, domain.sft_env, seed, warm_cfg.target_noise)
         data = Dataset.from_list(_length_bucketed(rows, warm_cfg.batch_size, seed, size=lambda r: len(r["input_ids"])))
