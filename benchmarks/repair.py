@@ -1,7 +1,7 @@
 """The repair benchmark: EvoTrainer started from harnesses as practitioners write them, defects included.
 
     python benchmarks/repair.py [--domain math] [--seeds 3] [--out ~/evotrainer-repair] [--only NAME,...]
-                                [--budget default|smoke] [--clean] [--jobs N]
+                                [--budget default|smoke] [--clean] [--jobs N] [--again TAG]
 
 For each flawed harness of `benchmarks/flawed/<domain>/` (`--clean`: the domain's template too, where nothing is to
 be repaired and the loop must not lose), `evotrainer compare --harness H` with the arms `evotrainer`, `reference`
@@ -11,6 +11,9 @@ cached warm policy, seeds 0..S-1, the comparison's default budget. Each harness 
 two cells at a time (compare's processes sharing the cells). What the evidence said of a seed (the analyzer at the
 end of EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the
 committed cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
+`--again TAG` measures a changed loop against the same baselines: each EvoTrainer cell on record is set aside once
+(`cells/evotrainer-s<seed>.TAG.json`) and computed again, the `reference` and `hpo` cells read where they still fit
+its steps (`set_aside_loop_cells`).
 
 Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: its defects (each the analyzer whose evidence
 shows it and the catalog transform that repairs it, read from the harness's README, `defects_of`; the `DEFECTS` and
@@ -165,6 +168,31 @@ def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzers: li
             return
 
 
+def set_aside_loop_cells(cmp_dir: Path, seeds: int, tag: str) -> list[int]:
+    """`--again TAG`: the EvoTrainer cells on record are computed again (after a change to the loop), each set aside
+    once as `cells/evotrainer-s<seed>.<TAG>.json` with its run directory (`runs/evotrainer-s<seed>.<TAG>`, which the
+    loop would otherwise resume, finished, to the same cell). A seed whose `<TAG>` file exists was set aside already:
+    a rerun of the same command resumes what the first one computed instead of setting it aside in turn. The
+    reference and hpo cells are then read where the new EvoTrainer cell has the same steps and computed again where
+    not (`compare` sets a stale one aside), and each half of a seed's evidence check is read again for a changed
+    cell (`evidence_checks`). Returns the seeds set aside now."""
+    moved = []
+    for s in range(seeds):
+        cell, kept = cmp_dir / "cells" / f"evotrainer-s{s}.json", cmp_dir / "cells" / f"evotrainer-s{s}.{tag}.json"
+        if kept.exists():
+            continue
+        run = cmp_dir / "runs" / f"evotrainer-s{s}"
+        if run.is_dir():
+            run.rename(cmp_dir / "runs" / f"evotrainer-s{s}.{tag}")
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if cell.is_file():
+            cell.rename(kept)
+        else:  # nothing was recorded for this seed: marked, so that what is computed from now on is kept
+            atomic_write_text(kept, "null\n")
+        moved.append(s)
+    return moved
+
+
 def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str, jobs: int = 1) -> dict:
     from evotrainer.compare import compare
     from evotrainer.compare.report import search_effect
@@ -311,7 +339,12 @@ def main() -> None:
     ap.add_argument("--budget", default="default")
     ap.add_argument("--clean", action="store_true", help="also the domain's template (nothing to repair)")
     ap.add_argument("--jobs", type=int, default=1, help="cells at a time, each in its own process (compare --jobs)")
+    ap.add_argument("--again", metavar="TAG", default="",
+                    help="compute the EvoTrainer cells on record again (after a change to the loop), setting each "
+                         "aside once as cells/evotrainer-s<seed>.TAG.json; the baselines are reused where they fit")
     args = ap.parse_args()
+    if args.again and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", args.again):
+        sys.exit(f"error: --again {args.again!r}: a tag of letters, digits, '-' and '_' (it names files)")
     apply_offline_switches()
     names = sorted(p.parent.name for p in (FLAWED / args.domain).glob("*/harness.yaml"))
     if args.only:
@@ -324,6 +357,8 @@ def main() -> None:
     rows = []
     for name in (["clean"] if args.clean else []) + names:
         print(f"> {args.domain}/{name}", flush=True)
+        if args.again and (moved := set_aside_loop_cells(args.out / f"{args.domain}-{name}", args.seeds, args.again)):
+            print(f"  EvoTrainer cells of seeds {moved} set aside as *.{args.again}.json: computed again", flush=True)
         rows.append(harness_row(args.domain, name, FLAWED / args.domain / name, args.out, args.seeds, args.budget,
                                 args.jobs))
         (args.out / "repair.json").write_text(json.dumps(rows, indent=1))

@@ -242,6 +242,35 @@ def test_a_kept_half_answers_only_for_the_cell_it_was_read_beside(tmp_path, monk
     assert read == ["evotrainer", "reference"]
 
 
+def test_again_sets_each_loop_cell_aside_once_and_a_rerun_keeps_what_it_computed(tmp_path):
+    """`--again TAG` after a change to the loop: each EvoTrainer cell on record is set aside with its run directory
+    (which the loop would resume, finished, to the same cell), the baselines stay; the same command run again, as
+    a resume, sets aside nothing that the first computed."""
+    repair = _repair_benchmark()
+    cells, runs = tmp_path / "cells", tmp_path / "runs"
+    for s in (0, 1):
+        (runs / f"evotrainer-s{s}").mkdir(parents=True)
+    cells.mkdir()
+    for name in ("evotrainer-s0", "evotrainer-s1", "reference-s0", "hpo-s0"):
+        (cells / f"{name}.json").write_text(json.dumps({"cell": name}))
+    assert repair.set_aside_loop_cells(tmp_path, 3, "before-x") == [0, 1, 2]
+    assert sorted(p.name for p in cells.iterdir()) == ["evotrainer-s0.before-x.json", "evotrainer-s1.before-x.json",
+                                                       "evotrainer-s2.before-x.json", "hpo-s0.json",
+                                                       "reference-s0.json"]
+    assert json.loads((cells / "evotrainer-s1.before-x.json").read_text()) == {"cell": "evotrainer-s1"}
+    assert json.loads((cells / "evotrainer-s2.before-x.json").read_text()) is None  # nothing was on record
+    assert sorted(p.name for p in runs.iterdir()) == ["evotrainer-s0.before-x", "evotrainer-s1.before-x"]
+    # the loop computes seed 0 again, then the run is stopped and resumed with the same command
+    (runs / "evotrainer-s0").mkdir()
+    (cells / "evotrainer-s0.json").write_text(json.dumps({"cell": "new"}))
+    assert repair.set_aside_loop_cells(tmp_path, 3, "before-x") == []
+    assert json.loads((cells / "evotrainer-s0.json").read_text()) == {"cell": "new"}
+    assert (runs / "evotrainer-s0").is_dir()
+    # another change later, another tag: the second computation is set aside in its turn
+    assert repair.set_aside_loop_cells(tmp_path, 1, "before-y") == [0]
+    assert json.loads((cells / "evotrainer-s0.before-y.json").read_text()) == {"cell": "new"}
+
+
 def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
     spec = TrainSpec(domain="math", checkpoint=str(policy), harness_dir=str(harness), steps=steps, seed=0,
                      out_dir=str(work), checkpoint_id="policy", checkpoints_dir=str(work / "checkpoints"),
