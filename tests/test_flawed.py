@@ -320,7 +320,7 @@ def test_the_demos_defect_shows_in_a_short_run_and_the_planner_proposes_its_repa
 @pytest.mark.parametrize("name", sorted(n for n in DEFECTS if n != "math/answer_line_everywhere"))
 def test_the_defect_shows_in_recorded_evidence_and_the_planner_proposes_its_repair_first(tmp_path, name):
     """The same on the evidence of a real 5-step run under the harness, recorded (`record_evidence.py`: a training
-    child costs a suite about 30 s a harness, and the code warm policy is not shipped); evidence of an
+    child costs a suite about 30 s a harness); evidence of an
     older version of the harness is refused."""
     data = RECORDED / name.replace("/", "-")
     source = json.loads((data / "source.json").read_text())
@@ -338,7 +338,7 @@ def test_a_shipped_policy_is_current_and_copied_into_the_cache_on_first_use(tmp_
     from evotrainer.trainer.policy import SHIPPED, cache_key, cached_policy, default_configs
 
     shipped = sorted(p for p in SHIPPED.iterdir() if (p / "meta.json").is_file())
-    assert [p.name.split("-s")[0] for p in shipped] == ["math", "swe"]
+    assert [p.name.split("-s")[0] for p in shipped] == ["code", "math", "swe"]
     for path in shipped:
         meta = json.loads((path / "meta.json").read_text())
         assert cache_key(meta["domain"], meta["seed"], *default_configs(meta["domain"])) == path.name
@@ -347,6 +347,7 @@ def test_a_shipped_policy_is_current_and_copied_into_the_cache_on_first_use(tmp_
     assert cached_policy("math", 0, *default_configs("math")) is None
     monkeypatch.delenv("EVOTRAINER_NO_SHIPPED")
     hit = cached_policy("math", 0, *default_configs("math"))
-    assert hit == tmp_path / "policies" / shipped[0].name
-    assert (hit / "model.safetensors").read_bytes() == (shipped[0] / "model.safetensors").read_bytes()
+    math = next(p for p in shipped if p.name.startswith("math-"))
+    assert hit == tmp_path / "policies" / math.name
+    assert (hit / "model.safetensors").read_bytes() == (math / "model.safetensors").read_bytes()
     assert cached_policy("math", 1, *default_configs("math")) is None  # another seed: nothing shipped
