@@ -70,6 +70,18 @@ def test_fingerprint_is_recorded_and_detects_a_changed_scorer(monkeypatch):
         check_sealed(math)
 
 
+def test_every_domains_recorded_fingerprint_is_its_scorers():
+    """sealed.json holds each domain's live fingerprint: an edit of a sealed source (a docstring included) without
+    recording it again makes every sealed evaluation of that domain refuse to run."""
+    from evotrainer.trainer.domains import DOMAINS
+
+    recorded = json.loads(SEALED_FILE.read_text())
+    for name in DOMAINS:
+        assert recorded[name] == fingerprint(get_domain(name)), (
+            f"{name}'s sealed sources changed since trainer/domains/sealed.json was recorded; if the change is meant, "
+            "record it again (docs/architecture.md, the domains row)")
+
+
 def test_data_fingerprint_ignores_code_but_not_data(monkeypatch):
     from evotrainer.trainer.domains.base import data_fingerprint
 
