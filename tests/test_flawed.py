@@ -271,6 +271,19 @@ def test_again_sets_each_loop_cell_aside_once_and_a_rerun_keeps_what_it_computed
     assert json.loads((cells / "evotrainer-s0.before-y.json").read_text()) == {"cell": "new"}
 
 
+def test_every_swe_harness_carries_the_templates_calibrated_thresholds():
+    """The swe thresholds are calibrated on the swe policy's own healthy training and written into the template and
+    each flawed copy (a complete harness each): a copy that drifts from the template judges its evidence by other
+    thresholds than the loop's other swe runs, and its row would not measure the defect alone."""
+    from evotrainer.trainer.harness import load_spec
+    from evotrainer.workspaces import TEMPLATES
+
+    template = load_spec(TEMPLATES / "swe").analyzers
+    assert template["context_overflow"] == {"warning": 0.60, "critical": 0.80}
+    for name in sorted(n for n in DEFECTS if n.startswith("swe/")):
+        assert load_spec(FLAWED / name).analyzers == template, name
+
+
 def _short_run(policy: Path, harness: Path, work: Path, steps: int) -> Path:
     spec = TrainSpec(domain="math", checkpoint=str(policy), harness_dir=str(harness), steps=steps, seed=0,
                      out_dir=str(work), checkpoint_id="policy", checkpoints_dir=str(work / "checkpoints"),
