@@ -1,7 +1,7 @@
 """The repair benchmark: EvoTrainer started from harnesses as practitioners write them, defects included.
 
     python benchmarks/repair.py [--domain math] [--seeds 3] [--out ~/evotrainer-repair] [--only NAME,...]
-                                [--budget default|smoke] [--clean] [--jobs N] [--again TAG]
+                                [--budget default|smoke] [--clean] [--jobs N] [--again TAG] [--status]
 
 For each flawed harness of `benchmarks/flawed/<domain>/` (`--clean`: the domain's template too, where nothing is to
 be repaired and the loop must not lose), `evotrainer compare --harness H` with the arms `evotrainer`, `reference`
@@ -13,7 +13,8 @@ end of EvoTrainer's line and of the reference) is kept beside the cells in `repa
 committed cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
 `--again TAG` measures a changed loop against the same baselines: each EvoTrainer cell on record is set aside once
 (`cells/evotrainer-s<seed>.TAG.json`) and computed again, the `reference` and `hpo` cells read where they still fit
-its steps (`set_aside_loop_cells`).
+its steps (`set_aside_loop_cells`). `--status` computes nothing: per harness, which cells are done, which one a
+process is computing now, which are left, and what was set aside (`status`).
 
 Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: its defects (each the analyzer whose evidence
 shows it and the catalog transform that repairs it, read from the harness's README, `defects_of`; the `DEFECTS` and
@@ -193,6 +194,51 @@ def set_aside_loop_cells(cmp_dir: Path, seeds: int, tag: str) -> list[int]:
     return moved
 
 
+def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
+    """`--status`: what a benchmark spread over sittings has left, read from `OUT/<domain>-<name>/cells/` alone. A
+    cell is done when its file is written; computing when a process holds its lock (`Compare.locked_cell`); to do
+    otherwise. A baseline done but matched to other steps than its seed's EvoTrainer cell now has (main-line steps,
+    or the search's trials) is stale: compare sets it aside and computes it again (`Compare._stale`). Cells set aside
+    (`<arm>-s<seed>.<TAG>.json`: `--again`, or `stale`) are listed by name."""
+    from filelock import FileLock, Timeout
+
+    from evotrainer.compare.hpo import trial_count
+
+    def stale(cell: dict, evo: dict | None) -> str:
+        if evo is None or cell["arm"] == "evotrainer":
+            return ""
+        if cell["main_steps"] != evo["main_steps"]:
+            return f", stale: EvoTrainer's line has {evo['main_steps']}"
+        search = cell.get("search")
+        paid = trial_count(evo["total_steps"], evo["main_steps"], search["trial_steps"]) if search else 0
+        if search and len(search["trials"]) != paid:
+            return f", stale: {len(search['trials'])} trials, EvoTrainer's steps pay for {paid}"
+        return ""
+
+    lines = [f"| harness | {' | '.join(f'{a} s{s}' for a in ARMS for s in range(seeds))} | set aside |",
+             "|---|" + "---|" * (len(ARMS) * seeds + 1)]
+    for name in names:
+        cells = out / f"{domain}-{name}" / "cells"
+        row = []
+        evo = {s: json.loads(p.read_text()) for s in range(seeds) if (p := cells / f"evotrainer-s{s}.json").is_file()}
+        for arm in ARMS:
+            for s in range(seeds):
+                cell = cells / f"{arm}-s{s}.json"
+                if cell.is_file():
+                    data = json.loads(cell.read_text())
+                    row.append(f"done ({data['main_steps']} steps, {data['test_accuracy']:.4f}"
+                               f"{stale(data, evo.get(s))})")
+                    continue
+                try:
+                    with FileLock(cell.with_suffix(".lock"), timeout=0):
+                        row.append("to do")
+                except Timeout:
+                    row.append("computing")
+        aside = sorted(p.name for p in cells.glob("*-s*.*.json")) if cells.is_dir() else []
+        lines.append(f"| {domain}/{name} | {' | '.join(row)} | {', '.join(aside) or '-'} |")
+    return "\n".join(lines)
+
+
 def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str, jobs: int = 1) -> dict:
     from evotrainer.compare import compare
     from evotrainer.compare.report import search_effect
@@ -342,6 +388,7 @@ def main() -> None:
     ap.add_argument("--again", metavar="TAG", default="",
                     help="compute the EvoTrainer cells on record again (after a change to the loop), setting each "
                          "aside once as cells/evotrainer-s<seed>.TAG.json; the baselines are reused where they fit")
+    ap.add_argument("--status", action="store_true", help="compute nothing: which cells are done, computing, left")
     args = ap.parse_args()
     if args.again and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", args.again):
         sys.exit(f"error: --again {args.again!r}: a tag of letters, digits, '-' and '_' (it names files)")
@@ -354,6 +401,9 @@ def main() -> None:
             sys.exit(f"error: no flawed {args.domain} harness {unknown[0]!r}: choose from {', '.join(names)}")
         names = [n for n in names if n in wanted]
         args.clean = args.clean or "clean" in wanted
+    if args.status:
+        print(status(args.out, args.domain, (["clean"] if args.clean else []) + names, args.seeds))
+        return
     rows = []
     for name in (["clean"] if args.clean else []) + names:
         print(f"> {args.domain}/{name}", flush=True)

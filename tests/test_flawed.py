@@ -271,6 +271,46 @@ def test_again_sets_each_loop_cell_aside_once_and_a_rerun_keeps_what_it_computed
     assert json.loads((cells / "evotrainer-s0.before-y.json").read_text()) == {"cell": "new"}
 
 
+def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_path):
+    """`--status` on a benchmark spread over sittings: a written cell is done, one whose lock a process holds is being
+    computed, the rest are left; a baseline matched to other steps than its seed's EvoTrainer cell now has is stale
+    (compare will compute it again), as is a search whose trial count those steps no longer pay for."""
+    from filelock import FileLock
+
+    repair = _repair_benchmark()
+    cells = tmp_path / "math-pairs" / "cells"
+    cells.mkdir(parents=True)
+
+    def cell(name: str, main: int, total: int, acc: float, trials: int | None = None) -> None:
+        arm, seed = name.rsplit("-s", 1)
+        search = {"trial_steps": 20, "trials": [{}] * trials} if trials is not None else None
+        (cells / f"{name}.json").write_text(json.dumps({"arm": arm, "seed": int(seed), "main_steps": main,
+                                                         "total_steps": total, "test_accuracy": acc,
+                                                         "search": search}))
+
+    cell("evotrainer-s0", 100, 180, 0.568)
+    cell("evotrainer-s1", 80, 160, 0.5555)
+    cell("reference-s0", 80, 80, 0.499)  # matched to seed 0's line before it grew
+    cell("reference-s1", 80, 80, 0.4965)
+    cell("hpo-s1", 80, 160, 0.534, trials=5)  # (160 - 60) // 20
+    cell("hpo-s0", 100, 160, 0.5345, trials=4)  # the line's steps, but 180 steps pay for 5 trials
+    (cells / "evotrainer-s1.before-x.json").write_text("null\n")
+    with FileLock(cells / "hpo-s2.lock"):  # another process is computing it
+        table = repair.status(tmp_path, "math", ["pairs", "low_lr"], 3)
+    lines = table.splitlines()
+    assert lines[0].split(" | ")[1:4] == ["evotrainer s0", "evotrainer s1", "evotrainer s2"]
+    row = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert row[0] == "math/pairs"
+    assert row[1:4] == ["done (100 steps, 0.5680)", "done (80 steps, 0.5555)", "to do"]
+    assert row[4] == "done (80 steps, 0.4990, stale: EvoTrainer's line has 100)"
+    assert row[5] == "done (80 steps, 0.4965)" and row[6] == "to do"
+    assert row[7] == "done (100 steps, 0.5345, stale: 4 trials, EvoTrainer's steps pay for 5)"
+    assert row[8] == "done (80 steps, 0.5340)" and row[9] == "computing"
+    assert row[10] == "evotrainer-s1.before-x.json"
+    assert lines[3].split(" | ")[1:] == ["to do"] * 9 + ["- |"]  # a harness not started: no directory yet
+    assert "computing" not in repair.status(tmp_path, "math", ["pairs"], 3)  # the lock released
+
+
 def test_every_swe_harness_carries_the_templates_calibrated_thresholds():
     """The swe thresholds are calibrated on the swe policy's own healthy training and written into the template and
     each flawed copy (a complete harness each): a copy that drifts from the template judges its evidence by other
