@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -229,8 +230,9 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
                     row.append(f"done ({data['main_steps']} steps, {data['test_accuracy']:.4f}"
                                f"{stale(data, evo.get(s))})")
                     continue
-                try:
-                    with FileLock(cell.with_suffix(".lock"), timeout=0):
+                lock = cell.with_suffix(".lock")
+                try:  # a lock never taken cannot be held (and trying it would create it: status writes nothing)
+                    with FileLock(lock, timeout=0) if lock.is_file() else nullcontext():
                         row.append("to do")
                 except Timeout:
                     row.append("computing")

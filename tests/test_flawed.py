@@ -308,6 +308,7 @@ def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_pat
     assert row[8] == "done (80 steps, 0.5340)" and row[9] == "computing"
     assert row[10] == "evotrainer-s1.before-x.json"
     assert lines[3].split(" | ")[1:] == ["to do"] * 9 + ["- |"]  # a harness not started: no directory yet
+    assert not (tmp_path / "math-low_lr").exists() and not (cells / "hpo-s1.lock").exists()  # status wrote nothing
     assert "computing" not in repair.status(tmp_path, "math", ["pairs"], 3)  # the lock released
 
 
