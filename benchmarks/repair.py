@@ -199,36 +199,31 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
     """`--status`: what a benchmark spread over sittings has left, read from `OUT/<domain>-<name>/cells/` alone. A
     cell is done when its file is written; computing when a process holds its lock (`Compare.locked_cell`); to do
     otherwise. A baseline done but matched to other steps than its seed's EvoTrainer cell now has (main-line steps,
-    or the search's trials) is stale: compare sets it aside and computes it again (`Compare._stale`). Cells set aside
+    or the search's trials) is stale: compare sets it aside and computes it again (`stale_reason`). Cells set aside
     (`<arm>-s<seed>.<TAG>.json`: `--again`, or `stale`) are listed by name."""
     from filelock import FileLock, Timeout
 
-    from evotrainer.compare.hpo import trial_count
+    from evotrainer.compare.execution import stale_reason
+    from evotrainer.compare.results import Cell
 
-    def stale(cell: dict, evo: dict | None) -> str:
-        if evo is None or cell["arm"] == "evotrainer":
-            return ""
-        if cell["main_steps"] != evo["main_steps"]:
-            return f", stale: EvoTrainer's line has {evo['main_steps']}"
-        search = cell.get("search")
-        paid = trial_count(evo["total_steps"], evo["main_steps"], search["trial_steps"]) if search else 0
-        if search and len(search["trials"]) != paid:
-            return f", stale: {len(search['trials'])} trials, EvoTrainer's steps pay for {paid}"
-        return ""
+    def stale(cell: Cell, evo: Cell | None) -> str:  # the search's trials as long as the ones it ran (its budget's)
+        why = stale_reason(cell, evo.main_steps, evo.total_steps, cell.search.trial_steps if cell.search else 0) \
+            if evo is not None else ""
+        return f", stale: {why}" if why else ""
 
     lines = [f"| harness | {' | '.join(f'{a} s{s}' for a in ARMS for s in range(seeds))} | set aside |",
              "|---|" + "---|" * (len(ARMS) * seeds + 1)]
     for name in names:
         cells = out / f"{domain}-{name}" / "cells"
         row = []
-        evo = {s: json.loads(p.read_text()) for s in range(seeds) if (p := cells / f"evotrainer-s{s}.json").is_file()}
+        evo = {s: Cell.model_validate_json(p.read_text()) for s in range(seeds)
+               if (p := cells / f"evotrainer-s{s}.json").is_file()}
         for arm in ARMS:
             for s in range(seeds):
                 cell = cells / f"{arm}-s{s}.json"
                 if cell.is_file():
-                    data = json.loads(cell.read_text())
-                    row.append(f"done ({data['main_steps']} steps, {data['test_accuracy']:.4f}"
-                               f"{stale(data, evo.get(s))})")
+                    data = Cell.model_validate_json(cell.read_text())
+                    row.append(f"done ({data.main_steps} steps, {data.test_accuracy:.4f}{stale(data, evo.get(s))})")
                     continue
                 lock = cell.with_suffix(".lock")
                 try:  # a lock never taken cannot be held (and trying it would create it: status writes nothing)

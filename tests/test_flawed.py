@@ -282,11 +282,17 @@ def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_pat
     cells.mkdir(parents=True)
 
     def cell(name: str, main: int, total: int, acc: float, trials: int | None = None) -> None:
+        from evotrainer.compare.hpo import Search, Trial
+        from evotrainer.compare.results import Cell
+
         arm, seed = name.rsplit("-s", 1)
-        search = {"trial_steps": 20, "trials": [{}] * trials} if trials is not None else None
-        (cells / f"{name}.json").write_text(json.dumps({"arm": arm, "seed": int(seed), "main_steps": main,
-                                                         "total_steps": total, "test_accuracy": acc,
-                                                         "search": search}))
+        search = Search(trial_steps=20, chosen=0, startup=2,
+                        trials=[Trial(number=i, params={}, dev_accuracy=0.5, checkpoint="") for i in range(trials)]) \
+            if trials is not None else None
+        (cells / f"{name}.json").write_text(Cell(
+            arm=arm, seed=int(seed), checkpoint="", main_steps=main, total_steps=total, cpu_seconds=0.0,
+            wall_seconds=0.0, test_accuracy=acc, test_avg_at_k=acc, item_ids=[], greedy_correct=[],
+            search=search).model_dump_json())
 
     cell("evotrainer-s0", 100, 180, 0.568)
     cell("evotrainer-s1", 80, 160, 0.5555)
@@ -302,9 +308,9 @@ def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_pat
     row = [c.strip() for c in lines[2].strip("|").split("|")]
     assert row[0] == "math/pairs"
     assert row[1:4] == ["done (100 steps, 0.5680)", "done (80 steps, 0.5555)", "to do"]
-    assert row[4] == "done (80 steps, 0.4990, stale: EvoTrainer's line has 100)"
+    assert row[4] == "done (80 steps, 0.4990, stale: trained 80 main-line steps, EvoTrainer's line now has 100)"
     assert row[5] == "done (80 steps, 0.4965)" and row[6] == "to do"
-    assert row[7] == "done (100 steps, 0.5345, stale: 4 trials, EvoTrainer's steps pay for 5)"
+    assert row[7] == "done (100 steps, 0.5345, stale: ran 4 trials, EvoTrainer's steps now pay for 5)"
     assert row[8] == "done (80 steps, 0.5340)" and row[9] == "computing"
     assert row[10] == "evotrainer-s1.before-x.json"
     assert lines[3].split(" | ")[1:] == ["to do"] * 9 + ["- |"]  # a harness not started: no directory yet

@@ -111,17 +111,7 @@ class Compare:
         return min(self.budget.hpo_trial_steps or self.loop_config().train_steps, main_steps)
 
     def _stale(self, cell: Cell, main_steps: int, total_steps: int | None) -> str:
-        """Why a cell on record no longer fits the EvoTrainer cell of its seed ('' when it does): a static arm
-        trains as many main-line steps, the search spends as many GRPO steps (its number of trials)."""
-        if cell.arm in LOOPS:
-            return ""
-        if cell.main_steps != main_steps:
-            return f"trained {cell.main_steps} main-line steps, EvoTrainer's line now has {main_steps}"
-        if cell.search is not None and total_steps is not None:
-            trials = trial_count(total_steps, main_steps, self.trial_steps(main_steps))
-            if len(cell.search.trials) != trials:
-                return f"ran {len(cell.search.trials)} trials, EvoTrainer's steps now pay for {trials}"
-        return ""
+        return stale_reason(cell, main_steps, total_steps, self.trial_steps(main_steps))
 
     def _test(self, checkpoint: Path, seed: int, work: Path, k: int | None = None):
         from evotrainer.trainer import jobs
@@ -362,6 +352,21 @@ def check_request(out: Path, request: dict) -> None:
                         "with those (--seeds may grow), or choose a new directory")
     kept = {"start_weights": before["start_weights"]} if "start_weights" in before else {}
     atomic_write_text(req, json.dumps(request | kept))
+
+
+def stale_reason(cell: Cell, main_steps: int, total_steps: int | None, trial_steps: int) -> str:
+    """Why a cell on record no longer fits the EvoTrainer cell of its seed, which now has `main_steps` and
+    `total_steps` ('' when it fits): a static arm trains as many main-line steps, the search spends as many GRPO
+    steps (its number of trials of `trial_steps`)."""
+    if cell.arm in LOOPS:
+        return ""
+    if cell.main_steps != main_steps:
+        return f"trained {cell.main_steps} main-line steps, EvoTrainer's line now has {main_steps}"
+    if cell.search is not None and total_steps is not None:
+        trials = trial_count(total_steps, main_steps, trial_steps)
+        if len(cell.search.trials) != trials:
+            return f"ran {len(cell.search.trials)} trials, EvoTrainer's steps now pay for {trials}"
+    return ""
 
 
 def check_start(out: Path, start: Path, finished: bool) -> None:
