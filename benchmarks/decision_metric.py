@@ -14,11 +14,12 @@ error is smaller but whose effects shrink as much gains nothing. Arms identical 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
+
+from evotrainer.compare.results import cells_on_record
 
 ROOT = Path(__file__).resolve().parent.parent / "docs" / "results"
 
@@ -43,11 +44,7 @@ def main() -> None:
     dirs = [ROOT / "math", ROOT / "code", ROOT / "code-w3", *repair]
     rows = []
     for d in dirs:
-        cells = {}
-        for f in sorted((d / "cells").glob("*.json")):
-            c = json.loads(f.read_text())
-            if c.get("k") and c.get("sampled_correct"):
-                cells[(c["arm"], c["seed"])] = c
+        cells = {key: c for key, c in cells_on_record(d / "cells").items() if c.get("k") and c.get("sampled_correct")}
         for arm in sorted({a for a, _ in cells} - {"reference"}):
             seeds = sorted(s for a, s in cells if a == arm and ("reference", s) in cells)
             same = all(cells[(arm, s)]["greedy_correct"] == cells[("reference", s)]["greedy_correct"] for s in seeds)

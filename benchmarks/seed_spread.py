@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evotrainer.compare.results import cells_on_record
 from evotrainer.trainer.backtest.statistics import Z_POWER
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
@@ -55,15 +56,6 @@ def rms(xs: list[float]) -> float:
     return math.sqrt(np.mean(np.square(xs)))
 
 
-def committed(domain: str) -> dict:
-    cells = {}
-    for f in sorted((RESULTS / domain / "cells").glob("*.json")):
-        c = json.loads(f.read_text())
-        if f.stem == f"{c['arm']}-s{c['seed']}":  # not a cell set aside (`<arm>-s<seed>.stale.json`)
-            cells[(c["arm"], c["seed"])] = c
-    return cells
-
-
 print("wave 1 (20 steps):")
 wave1 = []
 for domain in ("math", "code"):
@@ -74,7 +66,7 @@ print(f"root mean square over recipes: {rms(wave1):.4f}")
 print("wave 2 (the default budget, 60-80 steps):")
 wave2, item = [], {}
 for domain in ("math", "code", "code-w3"):
-    taus, ses = spread(committed(domain), domain)
+    taus, ses = spread(cells_on_record(RESULTS / domain / "cells"), domain)
     wave2 += taus
     item.setdefault(domain.split("-")[0], []).extend(ses)
 print(f"root mean square over recipes: {rms(wave2):.4f}")

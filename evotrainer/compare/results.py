@@ -3,6 +3,9 @@ the reference over seeds x items, the whole `Comparison`."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 from pydantic import BaseModel
 
@@ -98,3 +101,13 @@ def summarize(cells: list[Cell], arms: list[str]) -> list[ArmSummary]:
             invalid_promotions=sum(1 for p in promos if p.get("invalid"))))
     return out
 
+
+def cells_on_record(cells_dir: Path) -> dict[tuple[str, int], dict]:
+    """A comparison's cells as written (`cells/<arm>-s<seed>.json`), by (arm, seed), as plain records: not the ones
+    set aside beside them (`<arm>-s<seed>.<TAG>.json`: a stale baseline, a loop cell of `repair.py --again`)."""
+    out = {}
+    for f in sorted(cells_dir.glob("*.json")):
+        c = json.loads(f.read_text())
+        if c is not None and f.stem == f"{c['arm']}-s{c['seed']}":
+            out[(c["arm"], c["seed"])] = c
+    return out
