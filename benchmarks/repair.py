@@ -1,20 +1,22 @@
 """The repair benchmark: EvoTrainer started from harnesses as practitioners write them, defects included.
 
-    python benchmarks/repair.py [--domain math] [--seeds 3] [--out ~/evotrainer-repair] [--only NAME,...]
-                                [--budget default|smoke] [--clean] [--jobs N] [--again TAG] [--status]
+    python benchmarks/repair.py [--domain all|math|code|swe] [--seeds 3] [--out ~/evotrainer-repair] [--only NAME,...]
+                                [--budget default|smoke] [--clean] [--jobs N] [--again TAG] [--status] [--table]
 
-For each flawed harness of `benchmarks/flawed/<domain>/` (`--clean`: the domain's template too, where nothing is to
-be repaired and the loop must not lose), `evotrainer compare --harness H` with the arms `evotrainer`, `reference`
-(H never evolved) and `hpo` (a hyperparameter search over H's recipe at EvoTrainer's steps), every arm from the
-cached warm policy, seeds 0..S-1, the comparison's default budget. Each harness is one compare directory
-`OUT/<domain>-<name>/`, whose cells are written when done: rerun the same command to resume; `--jobs 2` computes
-two cells at a time (compare's processes sharing the cells). What the evidence said of a seed (the analyzer at the
-end of EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the
-committed cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories.
-`--again TAG` measures a changed loop against the same baselines: each EvoTrainer cell on record is set aside once
-(`cells/evotrainer-s<seed>.TAG.json`) and computed again, the `reference` and `hpo` cells read where they still fit
-its steps (`set_aside_loop_cells`). `--status` computes nothing: per harness, which cells are done, which one a
-process is computing now, which are left, and what was set aside (`status`).
+For each flawed harness of `benchmarks/flawed/<domain>/` (every domain's by default; `--clean`: the domain's template
+too, where nothing is to be repaired and the loop must not lose), `evotrainer compare --harness H` with the arms
+`evotrainer`, `reference` (H never evolved) and `hpo` (a hyperparameter search over H's recipe at EvoTrainer's steps),
+every arm from the cached warm policy, seeds 0..S-1, the comparison's default budget. Each harness is one compare
+directory `OUT/<domain>-<name>/`, whose cells are written when done: rerun the same command to resume; `--jobs 2`
+computes two cells at a time (compare's processes sharing the cells). What the evidence said of a seed (the analyzer at
+the end of EvoTrainer's line and of the reference) is kept beside the cells in `repair/s<seed>.json`, so that the
+committed cells, `request.json` and `repair/` resume a benchmark on a machine without its run directories. `--again TAG`
+measures a changed loop against the same baselines: each EvoTrainer cell on record is set aside once
+(`cells/evotrainer-s<seed>.TAG.json`) and computed again, the `reference` and `hpo` cells read where they still fit its
+steps (`set_aside_loop_cells`). `--status` computes nothing: per harness, which cells are done, which one a process is
+computing now, which are left, and what was set aside (`status`). `--table` computes nothing either: it prints the table
+below from the cells on record alone (and the evidence kept beside them), every harness whose cells are all done and
+none stale, and names the others (`on_record`): `--table --out docs/results/repair` is the committed table, recomputed.
 
 Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: its defects (each the analyzer whose evidence
 shows it and the catalog transform that repairs it, read from the harness's README, `defects_of`; the `DEFECTS` and
@@ -49,6 +51,7 @@ from evotrainer.base.settings import apply_offline_switches
 ROOT = Path(__file__).resolve().parent
 FLAWED = ROOT / "flawed"
 ARMS = ["evotrainer", "reference", "hpo"]
+DOMAINS = ("math", "code", "swe")
 TEST_KEYS = ("generation", "decision", "effect", "ci_low", "ci_high", "mde", "p_gain", "failed_gates", "repairs",
              "fixes")
 
@@ -108,7 +111,7 @@ def cell_identity(path: Path) -> str | None:
 
 
 def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str], *, evotrainer_done: bool = True,
-                    reference_done: bool = True) -> dict[str, tuple[bool | None, bool | None]]:
+                    reference_done: bool = True, kept_only: bool = False) -> dict[str, tuple[bool | None, bool | None]]:
     """Per analyzer: (silent on EvoTrainer's last champion segment, fires on the reference's training), read from
     the run directories once and kept in `repair/s<seed>.json` beside the cells, so that a comparison resumed from
     its committed cells (without the runs) keeps them. Each half is read as soon as its cell is done (`*_done`: a run
@@ -120,7 +123,8 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str
     Each half is kept with the identity of the cell it was read beside (`cell_identity`) and answers only for that
     cell: a reference cell computed again for a longer EvoTrainer line (compare sets a stale cell aside), or an
     EvoTrainer cell computed again under a changed loop, has its half read anew from its own run. A half kept before
-    identities were (no `cells` key) is taken to belong to the cell on record when first read here."""
+    identities were (no `cells` key) is taken to belong to the cell on record when first read here. `kept_only`:
+    what is kept, for the cells on record, and nothing else (no run directory read, nothing written: `--table`)."""
     kept = cmp_dir / "repair" / f"s{seed}.json"
     found = json.loads(kept.read_text()) if kept.is_file() else {}
     if "analyzer_silent_at_end" in found:
@@ -139,6 +143,8 @@ def evidence_checks(cmp_dir: Path, seed: int, harness: Path, analyzers: list[str
         cells[arm] = now[arm]
     run = cmp_dir / "runs" / f"evotrainer-s{seed}"
     ref_dir = cmp_dir / "static" / f"reference-s{seed}"
+    if kept_only:
+        evotrainer_done = reference_done = changed = False
     need = [a for a in analyzers if "silent_at_end" not in checks.get(a, {})]
     seg = last_segment(run) if need and evotrainer_done and run.is_dir() else None
     for a in need if seg is not None else []:
@@ -195,6 +201,17 @@ def set_aside_loop_cells(cmp_dir: Path, seeds: int, tag: str) -> list[int]:
     return moved
 
 
+def stale_why(cell, evo) -> str:
+    """Why a baseline cell no longer fits its seed's EvoTrainer cell (`evo`, None while not done), in compare's
+    words ('' when it fits): compare sets such a cell aside and computes it again. The search's trials are judged as
+    long as the ones it ran (its budget's)."""
+    from evotrainer.compare.execution import stale_reason
+
+    if evo is None or cell.arm == "evotrainer":
+        return ""
+    return stale_reason(cell, evo.main_steps, evo.total_steps, cell.search.trial_steps if cell.search else 0)
+
+
 def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
     """`--status`: what a benchmark spread over sittings has left, read from `OUT/<domain>-<name>/cells/` alone. A
     cell is done when its file is written; computing when a process holds its lock (`Compare.locked_cell`); to do
@@ -203,12 +220,10 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
     (`<arm>-s<seed>.<TAG>.json`: `--again`, or `stale`) are listed by name."""
     from filelock import FileLock, Timeout
 
-    from evotrainer.compare.execution import stale_reason
     from evotrainer.compare.results import Cell
 
-    def stale(cell: Cell, evo: Cell | None) -> str:  # the search's trials as long as the ones it ran (its budget's)
-        why = stale_reason(cell, evo.main_steps, evo.total_steps, cell.search.trial_steps if cell.search else 0) \
-            if evo is not None else ""
+    def stale(cell: Cell, evo: Cell | None) -> str:
+        why = stale_why(cell, evo)
         return f", stale: {why}" if why else ""
 
     lines = [f"| harness | {' | '.join(f'{a} s{s}' for a in ARMS for s in range(seeds))} | set aside |",
@@ -238,11 +253,9 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
 
 def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str, jobs: int = 1) -> dict:
     from evotrainer.compare import compare
-    from evotrainer.compare.report import search_effect
     from evotrainer.compare.results import Comparison
 
-    defects = defects_of(harness) if name != "clean" else []
-    analyzers = [a for a, _ in defects]
+    analyzers = [a for a, _ in defects_of(harness)] if name != "clean" else []
     cmp_dir = out / f"{domain}-{name}"
     started = time.time()
     done = threading.Event()
@@ -256,11 +269,24 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
     finally:
         done.set()
         watcher.join()
-    by = {(c.arm, c.seed): c for c in comparison.cells}
+    return row_of(domain, name, harness, cmp_dir, comparison.cells, comparison.seeds, comparison.harness_digest) \
+        | {"seconds": round(time.time() - started)}
+
+
+def row_of(domain: str, name: str, harness: Path, cmp_dir: Path, cells: list, seeds: list[int], digest: str | None,
+           kept_only: bool = False) -> dict:
+    """A harness's row from its finished cells (every arm of every seed, seed by seed) and the evidence checks of
+    each seed (`evidence_checks`; `kept_only`: only what is kept beside the cells)."""
+    from evotrainer.compare.report import search_effect_of
+    from evotrainer.compare.results import summarize
+
+    defects = defects_of(harness) if name != "clean" else []
+    analyzers = [a for a, _ in defects]
+    by = {(c.arm, c.seed): c for c in cells}
     seeds_rows = []
-    for s in comparison.seeds:
+    for s in seeds:
         evo, ref = by[("evotrainer", s)], by[("reference", s)]
-        checks = evidence_checks(cmp_dir, s, harness, analyzers)
+        checks = evidence_checks(cmp_dir, s, harness, analyzers, kept_only=kept_only)
         per_defect = []
         for analyzer, transform in defects:
             tests = [v for v in evo.lineage if v["transform"] == transform]
@@ -275,12 +301,34 @@ def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, bu
                            "invalid": sum(p.get("invalid", False) for p in evo.promotions),
                            "evotrainer": evo.test_accuracy, "reference": ref.test_accuracy,
                            "steps": {a: by[(a, s)].total_steps for a in ARMS}})
-    summary = {x.arm: x for x in comparison.summaries}
+    summary = {x.arm: x for x in summarize(cells, ARMS)}
     return {"harness": name, "domain": domain, "defects": [{"analyzer": a, "repair": t} for a, t in defects],
-            "digest": comparison.harness_digest, "seeds": seeds_rows,
+            "digest": digest, "seeds": seeds_rows,
             "evotrainer": summary["evotrainer"].test_accuracy, "reference": summary["reference"].test_accuracy,
             "hpo": summary["hpo"].test_accuracy, "vs_reference": summary["evotrainer"].vs_reference,
-            "vs_hpo": (search_effect(comparison) or [None])[:3], "seconds": round(time.time() - started)}
+            "vs_hpo": (search_effect_of(cells, seeds) or [None])[:3]}
+
+
+def on_record(out: Path, domain: str, name: str, seeds: int) -> tuple[dict | None, str]:
+    """`--table`: a harness's row from what is on record in `OUT/<domain>-<name>/` alone (its cells and the evidence
+    kept beside them), or, while not all of its cells are done or one is stale, None and what is left. Nothing is
+    computed or written."""
+    from evotrainer.compare.results import Cell, cells_on_record
+
+    cmp_dir = out / f"{domain}-{name}"
+    record = cells_on_record(cmp_dir / "cells") if (cmp_dir / "cells").is_dir() else {}
+    cells = {k: Cell.model_validate(v) for k, v in record.items() if k[0] in ARMS and k[1] < seeds}
+    todo = [f"{a}-s{s}" for a in ARMS for s in range(seeds) if (a, s) not in cells]
+    stale = [f"{a}-s{s}" for (a, s), c in sorted(cells.items()) if stale_why(c, cells.get(("evotrainer", s)))]
+    if todo or stale:
+        done = len(ARMS) * seeds - len(todo) - len(stale)
+        return None, (f"{domain}/{name}: {done} of {len(ARMS) * seeds} cells done"
+                      + (f", {', '.join(stale)} stale" if stale else "")
+                      + (f", {', '.join(todo)} to do" if todo and done else ""))
+    request = json.loads((cmp_dir / "request.json").read_text())
+    order = sorted(cells.values(), key=lambda c: (c.seed, ARMS.index(c.arm)))  # as compare returns them
+    return row_of(domain, name, FLAWED / domain / name, cmp_dir, order, list(range(seeds)), request.get("harness"),
+                  kept_only=True), ""
 
 
 def _unknown(pairs: list[dict], note: str = "") -> str:
@@ -290,23 +338,29 @@ def _unknown(pairs: list[dict], note: str = "") -> str:
     return f" ({n} promoted, evidence unreadable{note})" if n else ""
 
 
+def label(row: dict, mixed: bool) -> str:
+    """A row's harness, named with its domain where a table holds more than one."""
+    return f"{row['domain']}/{row['harness']}" if mixed else row["harness"]
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| harness | defect: evidence -> repair | repaired (seeds) | generation | reference still shows it | "
              "sealed test EvoTrainer / reference / hpo | EvoTrainer - reference [95%] | EvoTrainer - hpo [95%] | "
              "steps a seed (evo/ref/hpo) | invalid |", "|---|---|---|---|---|---|---|---|---|---|"]
+    mixed = len({r.get("domain") for r in rows}) > 1
     for r in rows:
         s = r["seeds"]
         per = [[x["defects"][k] for x in s] for k in range(len(r["defects"]))]  # per defect, its seeds
         defects = "; ".join(f"`{d['analyzer']}` -> `{d['repair']}`" for d in r["defects"]) or "-"
         repaired = "; ".join(f"{sum(x['repaired'] for x in d)}/{len(d)}" + _unknown(d) for d in per) or "-"
-        gens = "; ".join(", ".join(str(x["generation"]) for x in d if x["generation"] is not None) or "-"
-                         for d in per) or "-"
+        gens = "; ".join(", ".join(str(x["generation"]) if x["repaired"] else f"({x['generation']})"
+                                   for x in d if x["generation"] is not None) or "-" for d in per) or "-"
         ref = "; ".join(f"{sum(bool(x['reference_analyzer_fires']) for x in d)}/{len(d)}" for d in per) or "-"
         d, lo, hi = r["vs_reference"] or (float("nan"),) * 3
         h = r["vs_hpo"] if r["vs_hpo"] and r["vs_hpo"][0] is not None else None
         vs_hpo = f"{h[0]:+.3f} [{h[1]:+.3f}, {h[2]:+.3f}]" if h else "-"
         steps = "/".join(f"{np.mean([x['steps'][a] for x in s]):.0f}" for a in ARMS)
-        lines.append(f"| {r['harness']} | {defects} | {repaired} | {gens} | {ref} | "
+        lines.append(f"| {label(r, mixed)} | {defects} | {repaired} | {gens} | {ref} | "
                      f"{r['evotrainer']:.3f} / {r['reference']:.3f} / {r['hpo']:.3f} | "
                      f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] | {vs_hpo} | "
                      f"{steps} | {sum(x['invalid'] for x in s)} |")
@@ -314,7 +368,9 @@ def table(rows: list[dict]) -> str:
     flawed = [r for r in rows if r["defects"]]
     wins = sum(1 for r in flawed if r["vs_reference"] and r["vs_reference"][1] > 0)
     lines += ["", "A harness with two defects has one entry per defect in the defect, repaired, generation and "
-                  "reference columns, in the order of its README.", "",
+                  "reference columns, in the order of its README. A generation in parentheses: the repair was "
+                  "promoted then but is not counted as repaired, its analyzer still firing at the end of the "
+                  "champion's line (or that evidence unreadable, as the repaired column says).", "",
               f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs"
               f"{_unknown(pairs, ', not counted')}; "
               f"EvoTrainer above the reference with the interval's lower bound > 0 on {wins} of {len(flawed)} "
@@ -332,6 +388,7 @@ def tests_table(rows: list[dict]) -> str:
     lines = ["| harness | repair | seed | generation | dev effect [95%] | MDE | P(gain) | decision |",
              "|---|---|---|---|---|---|---|---|"]
     tests, again = [], 0
+    mixed = len({r.get("domain") for r in rows}) > 1
     for r in rows:
         for x in r["seeds"]:
             for d in x["defects"]:
@@ -342,7 +399,8 @@ def tests_table(rows: list[dict]) -> str:
                     gates = ", ".join(t["failed_gates"] or [])
                     effect = ("-" if t["effect"] is None else
                               f"{t['effect']:+.3f} [{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
-                    lines.append(f"| {r['harness']} | `{d['repair']}` | {x['seed']} | {t['generation']} | {effect} | "
+                    lines.append(f"| {label(r, mixed)} | `{d['repair']}` | {x['seed']} | {t['generation']} | "
+                                 f"{effect} | "
                                  + ("-" if t["mde"] is None else f"{t['mde']:.3f}") + " | "
                                  + ("-" if t["p_gain"] is None else f"{t['p_gain']:.2f}") + " | "
                                  + t["decision"] + (f" ({gates})" if gates else "")
@@ -373,9 +431,27 @@ def tests_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def selected(domain: str, only: str, clean: bool) -> list[tuple[str, str]]:
+    """The (domain, harness) pairs a command names: every flawed harness of the domain (of each domain for `all`),
+    those of `--only` alone (a name in each domain that has it), the template first where `--clean` (or `--only
+    clean`) asks for it. An unknown domain or name is one clear error."""
+    if domain not in (*DOMAINS, "all"):
+        sys.exit(f"error: --domain {domain!r}: choose from all, {', '.join(DOMAINS)}")
+    domains = list(DOMAINS) if domain == "all" else [domain]
+    names = {d: sorted(p.parent.name for p in (FLAWED / d).glob("*/harness.yaml")) for d in domains}
+    wanted = only.split(",") if only else []
+    unknown = sorted(set(wanted) - {n for d in domains for n in names[d]} - {"clean"})
+    if unknown:
+        sys.exit(f"error: no flawed {'' if domain == 'all' else domain + ' '}harness {unknown[0]!r}: choose from "
+                 + ", ".join(f"{d}/{n}" if domain == "all" else n for d in domains for n in names[d]))
+    clean = clean or "clean" in wanted
+    return [(d, n) for d in domains for n in (["clean"] if clean else []) + names[d] if not wanted or n in wanted
+            or n == "clean"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--domain", default="math")
+    ap.add_argument("--domain", default="all", help="all (default), math, code or swe")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path.home() / "evotrainer-repair")
     ap.add_argument("--only", default="", help="comma-separated harness names (default: all of the domain)")
@@ -386,28 +462,32 @@ def main() -> None:
                     help="compute the EvoTrainer cells on record again (after a change to the loop), setting each "
                          "aside once as cells/evotrainer-s<seed>.TAG.json; the baselines are reused where they fit")
     ap.add_argument("--status", action="store_true", help="compute nothing: which cells are done, computing, left")
+    ap.add_argument("--table", action="store_true",
+                    help="compute nothing: the table of every harness whose cells are all done, from the record")
     args = ap.parse_args()
     if args.again and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", args.again):
         sys.exit(f"error: --again {args.again!r}: a tag of letters, digits, '-' and '_' (it names files)")
     apply_offline_switches()
-    names = sorted(p.parent.name for p in (FLAWED / args.domain).glob("*/harness.yaml"))
-    if args.only:
-        wanted = args.only.split(",")
-        unknown = sorted(set(wanted) - set(names) - {"clean"})
-        if unknown:
-            sys.exit(f"error: no flawed {args.domain} harness {unknown[0]!r}: choose from {', '.join(names)}")
-        names = [n for n in names if n in wanted]
-        args.clean = args.clean or "clean" in wanted
+    chosen = selected(args.domain, args.only, args.clean)
     if args.status:
-        print(status(args.out, args.domain, (["clean"] if args.clean else []) + names, args.seeds))
+        print("\n\n".join(status(args.out, d, [n for dd, n in chosen if dd == d], args.seeds)
+                          for d in dict.fromkeys(d for d, _ in chosen)))
+        return
+    if args.table:
+        found = [on_record(args.out, d, n, args.seeds) for d, n in chosen]
+        rows = [r for r, _ in found if r is not None]
+        left = [why for r, why in found if r is None]
+        print((table(rows) + "\n\n## Every test of a defect's repair\n\n" + tests_table(rows) if rows else
+               "No harness has all its cells done.")
+              + ("\n\nNot in the table (not all cells done, or one stale):\n" + "\n".join(f"- {w}" for w in left)
+                 if left else ""))
         return
     rows = []
-    for name in (["clean"] if args.clean else []) + names:
-        print(f"> {args.domain}/{name}", flush=True)
-        if args.again and (moved := set_aside_loop_cells(args.out / f"{args.domain}-{name}", args.seeds, args.again)):
+    for domain, name in chosen:
+        print(f"> {domain}/{name}", flush=True)
+        if args.again and (moved := set_aside_loop_cells(args.out / f"{domain}-{name}", args.seeds, args.again)):
             print(f"  EvoTrainer cells of seeds {moved} set aside as *.{args.again}.json: computed again", flush=True)
-        rows.append(harness_row(args.domain, name, FLAWED / args.domain / name, args.out, args.seeds, args.budget,
-                                args.jobs))
+        rows.append(harness_row(domain, name, FLAWED / domain / name, args.out, args.seeds, args.budget, args.jobs))
         (args.out / "repair.json").write_text(json.dumps(rows, indent=1))
         (args.out / "repair.md").write_text(f"# Repair benchmark: {args.domain}\n\nCommand: `python "
                                             f"{' '.join(sys.argv)}`\n\n" + table(rows) + "\n\n## Every test of a "

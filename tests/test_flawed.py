@@ -11,6 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from evotrainer.agents.offline.policy import OfflinePolicy
@@ -99,7 +100,7 @@ def test_the_repair_table_counts_every_defect_of_a_harness_and_reads_the_first_f
     # a repair promoted on a seed whose champion evidence could not be read: not counted, and said
     row["seeds"][2]["defects"][0].update(generation=2, analyzer_silent_at_end=None)
     md = repair.table([row])
-    assert "| 2/3 (1 promoted, evidence unreadable); 1/3 | 1, 1, 2; 2 |" in md
+    assert "| 2/3 (1 promoted, evidence unreadable); 1/3 | 1, 1, (2); 2 |" in md
     assert "Defects repaired in 3 of 6 (defect, seed) pairs (1 promoted, evidence unreadable, not counted);" in md
 
 
@@ -316,6 +317,81 @@ def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_pat
     assert lines[3].split(" | ")[1:] == ["to do"] * 9 + ["- |"]  # a harness not started: no directory yet
     assert not (tmp_path / "math-low_lr").exists() and not (cells / "hpo-s1.lock").exists()  # status wrote nothing
     assert "computing" not in repair.status(tmp_path, "math", ["pairs"], 3)  # the lock released
+
+
+def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_path):
+    """`--table` builds each row from the cells on record and the evidence kept beside them alone, computing and
+    writing nothing: the committed table is a command anyone can rerun. A harness with a cell left to do or a stale
+    baseline is named, not counted; a kept evidence half read beside another cell than the one on record answers
+    nothing."""
+    from evotrainer.compare.hpo import Search, Trial, trial_count
+    from evotrainer.compare.results import Cell, summarize
+
+    repair = _repair_benchmark()
+    rng = np.random.default_rng(0)
+    items = [f"q{i}" for i in range(60)]
+
+    def write(cmp_dir: Path, arm: str, seed: int, main: int, total: int, p: float, decisions=()) -> Cell:
+        lineage = [{"generation": g, "transform": t, "decision": d, "effect": 0.01, "ci_low": -0.01, "ci_high": 0.03,
+                    "mde": 0.03, "p_gain": 0.9, "failed_gates": [], "repairs": [], "fixes": []}
+                   for g, t, d in decisions]
+        search = Search(trial_steps=20, chosen=0, startup=2, trials=[
+            Trial(number=i, params={}, dev_accuracy=0.5, checkpoint="") for i in range(trial_count(total, main, 20))]) \
+            if arm == "hpo" else None
+        correct = (rng.random(len(items)) < p).tolist()
+        cell = Cell(arm=arm, seed=seed, checkpoint="", main_steps=main, total_steps=total, cpu_seconds=1.0,
+                    wall_seconds=1.0, test_accuracy=float(np.mean(correct)), test_avg_at_k=0.0, item_ids=items,
+                    greedy_correct=correct, lineage=lineage, search=search,
+                    promotions=[{"generation": 1, "invalid": False}] if any(d == "promote" for *_, d in decisions)
+                    else [])
+        (cmp_dir / "cells").mkdir(parents=True, exist_ok=True)
+        (cmp_dir / "cells" / f"{arm}-s{seed}.json").write_text(cell.model_dump_json())
+        return cell
+
+    done = tmp_path / "math-low_lr"
+    cells = []
+    for s, decision in enumerate(["promote", "promote", "inconclusive"]):
+        cells += [write(done, "evotrainer", s, 80, 160, 0.6, [(1, "learning_rate", decision)]),
+                  write(done, "reference", s, 80, 80, 0.45), write(done, "hpo", s, 80, 160, 0.5)]
+    (done / "request.json").write_text(json.dumps({"domain": "math", "harness": "f85f0eec94aa"}))
+    (done / "repair").mkdir()
+    for s, silent in enumerate([True, False, False]):
+        ids = {a: repair.cell_identity(done / "cells" / f"{a}-s{s}.json") for a in ("evotrainer", "reference")}
+        if s == 2:
+            ids["reference"] = "read-beside-an-older-cell"
+        (done / "repair" / f"s{s}.json").write_text(json.dumps({"segment": [3, "control"], "cells": ids, "analyzers": {
+            "update_size": {"silent_at_end": silent, "reference_fires": True}}}))
+    stale = tmp_path / "math-pairs"  # every cell written, one matched to a shorter line than its seed's now
+    for s in range(3):
+        write(stale, "evotrainer", s, 80, 160, 0.6, [(1, "more_generations", "promote")])
+        write(stale, "reference", s, 60 if s == 1 else 80, 60 if s == 1 else 80, 0.5)
+        write(stale, "hpo", s, 80, 160, 0.5)
+    (stale / "request.json").write_text(json.dumps({"domain": "math", "harness": "0"}))
+    part = tmp_path / "math-cold_sampler"
+    evo = write(part, "evotrainer", 0, 80, 160, 0.6)
+    (part / "cells" / "evotrainer-s1.before-x.json").write_text(evo.model_dump_json())  # set aside: not on record
+    def files() -> dict:
+        return {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    before = files()
+
+    row, why = repair.on_record(tmp_path, "math", "low_lr", 3)
+    summary = {x.arm: x for x in summarize(cells, repair.ARMS)}
+    assert why == "" and row["evotrainer"] == summary["evotrainer"].test_accuracy
+    assert row["vs_reference"] == summary["evotrainer"].vs_reference  # the same bootstrap as compare's
+    assert [x["defects"][0]["repaired"] for x in row["seeds"]] == [True, False, False]
+    assert [x["defects"][0]["reference_analyzer_fires"] for x in row["seeds"]] == [True, True, None]
+    md = repair.table([row])
+    assert "| low_lr | `update_size` -> `learning_rate` | 1/3 | 1, (1) | 2/3 |" in md
+    assert repair.on_record(tmp_path, "math", "pairs", 3) == (None, "math/pairs: 8 of 9 cells done, reference-s1 "
+                                                                     "stale")
+    assert repair.on_record(tmp_path, "math", "cold_sampler", 3) == (
+        None, "math/cold_sampler: 1 of 9 cells done, evotrainer-s1, evotrainer-s2, reference-s0, reference-s1, "
+              "reference-s2, hpo-s0, hpo-s1, hpo-s2 to do")
+    assert repair.on_record(tmp_path, "math", "short_limit", 3) == (None, "math/short_limit: 0 of 9 cells done")
+    assert files() == before  # nothing written (the kept half read beside an older cell is not dropped on disk)
+    two = repair.table([row, {**row, "domain": "code"}])
+    assert "| math/low_lr |" in two and "| code/low_lr |" in two  # named with their domains where mixed
 
 
 def test_every_swe_harness_carries_the_templates_calibrated_thresholds():

@@ -8,7 +8,7 @@ import numpy as np
 
 from evotrainer.base.files import atomic_write_text
 from evotrainer.compare.arms import LOOPS, STATIC
-from evotrainer.compare.results import Comparison
+from evotrainer.compare.results import Cell, Comparison
 
 
 def headline(c: Comparison) -> str:
@@ -33,10 +33,15 @@ def headline(c: Comparison) -> str:
 def search_effect(c: Comparison) -> tuple[float, float, float, float, float] | None:
     """EvoTrainer minus the hyperparameter search of the same seeds, paired over seeds x items: the mean, its 95%
     interval, and the GRPO steps a seed of the search and of EvoTrainer; None without both arms on one test set."""
+    return search_effect_of(c.cells, c.seeds)
+
+
+def search_effect_of(cells: list[Cell], seeds: list[int]) -> tuple[float, float, float, float, float] | None:
+    """`search_effect` of a comparison's cells (`benchmarks/repair.py` reads them from the record alone)."""
     from evotrainer.trainer.backtest.statistics import paired_bootstrap
 
-    by = {(x.arm, x.seed): x for x in c.cells}
-    pairs = [(by[("evotrainer", s)], by[("hpo", s)]) for s in c.seeds if ("evotrainer", s) in by and ("hpo", s) in by]
+    by = {(x.arm, x.seed): x for x in cells}
+    pairs = [(by[("evotrainer", s)], by[("hpo", s)]) for s in seeds if ("evotrainer", s) in by and ("hpo", s) in by]
     if not pairs or any(e.item_ids != h.item_ids for e, h in pairs):
         return None
     d, lo, hi, _ = paired_bootstrap(np.array([np.array(e.greedy_correct, float) - np.array(h.greedy_correct, float)
