@@ -16,7 +16,10 @@ measures a changed loop against the same baselines: each EvoTrainer cell on reco
 steps (`set_aside_loop_cells`). `--status` computes nothing: per harness, which cells are done, which one a process is
 computing now, which are left, and what was set aside (`status`). `--table` computes nothing either: it prints the table
 below from the cells on record alone (and the evidence kept beside them), every harness whose cells are all done and
-none stale, and names the others (`on_record`): `--table --out docs/results/repair` is the committed table, recomputed.
+none stale, and names the others (`on_record`); `--into FILE` writes it between FILE's markers `<!-- repair.py
+--table -->` and `<!-- /repair.py --table -->` instead: `--table --out docs/results/repair --into
+docs/results/repair/README.md` is how the committed table is written, and tests/test_flawed.py checks that it is the
+record's.
 
 Then one table (`OUT/repair.md`, `OUT/repair.json`), per harness: its defects (each the analyzer whose evidence
 shows it and the catalog transform that repairs it, read from the harness's README, `defects_of`; the `DEFECTS` and
@@ -431,6 +434,32 @@ def tests_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+MARKERS = ("<!-- repair.py --table -->", "<!-- /repair.py --table -->")
+
+
+def record_table(out: Path, chosen: list[tuple[str, str]], seeds: int) -> str:
+    """`--table`: the table and every test of a repair, of the harnesses whose cells are all on record and current
+    (`on_record`), then the others named with what they have left."""
+    found = [on_record(out, d, n, seeds) for d, n in chosen]
+    rows = [r for r, _ in found if r is not None]
+    left = [why for r, why in found if r is None]
+    return ((table(rows) + "\n\nEvery test of a defect's repair:\n\n" + tests_table(rows) if rows else
+             "No harness has all its cells done.")
+            + ("\n\nNot in the table (not all cells done, or one stale):\n" + "\n".join(f"- {w}" for w in left)
+               if left else ""))
+
+
+def write_between_markers(path: Path, text: str) -> None:
+    """Replace what lies between the file's two `MARKERS` (each alone on its line) by `text`, atomically; a file
+    without them is one clear error and is left as it was."""
+    doc = path.read_text() if path.is_file() else ""
+    begin, end = (doc.find(m + "\n") for m in MARKERS)
+    if begin < 0 or end < begin:
+        sys.exit(f"error: {path} has no lines {MARKERS[0]} and {MARKERS[1]} (in that order) to write the table "
+                 "between: add them where the table goes")
+    atomic_write_text(path, doc[:begin + len(MARKERS[0]) + 1] + "\n" + text + "\n\n" + doc[end:])
+
+
 def selected(domain: str, only: str, clean: bool) -> list[tuple[str, str]]:
     """The (domain, harness) pairs a command names: every flawed harness of the domain (of each domain for `all`),
     those of `--only` alone (a name in each domain that has it), the template first where `--clean` (or `--only
@@ -464,6 +493,7 @@ def main() -> None:
     ap.add_argument("--status", action="store_true", help="compute nothing: which cells are done, computing, left")
     ap.add_argument("--table", action="store_true",
                     help="compute nothing: the table of every harness whose cells are all done, from the record")
+    ap.add_argument("--into", type=Path, help="with --table: write it between the markers of this file")
     args = ap.parse_args()
     if args.again and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", args.again):
         sys.exit(f"error: --again {args.again!r}: a tag of letters, digits, '-' and '_' (it names files)")
@@ -474,14 +504,14 @@ def main() -> None:
                           for d in dict.fromkeys(d for d, _ in chosen)))
         return
     if args.table:
-        found = [on_record(args.out, d, n, args.seeds) for d, n in chosen]
-        rows = [r for r, _ in found if r is not None]
-        left = [why for r, why in found if r is None]
-        print((table(rows) + "\n\n## Every test of a defect's repair\n\n" + tests_table(rows) if rows else
-               "No harness has all its cells done.")
-              + ("\n\nNot in the table (not all cells done, or one stale):\n" + "\n".join(f"- {w}" for w in left)
-                 if left else ""))
+        text = record_table(args.out, chosen, args.seeds)
+        if args.into:
+            write_between_markers(args.into, text)
+        else:
+            print(text)
         return
+    if args.into:
+        sys.exit("error: --into FILE writes the table of --table: add --table")
     rows = []
     for domain, name in chosen:
         print(f"> {domain}/{name}", flush=True)

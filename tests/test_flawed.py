@@ -394,6 +394,35 @@ def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_
     assert "| math/low_lr |" in two and "| code/low_lr |" in two  # named with their domains where mixed
 
 
+def test_the_table_is_written_between_its_markers_and_nowhere_else(tmp_path):
+    repair = _repair_benchmark()
+    begin, end = repair.MARKERS
+    doc = tmp_path / "README.md"
+    doc.write_text(f"# Results\n\nwhat it shows\n{begin}\nthe old table\n{end}\nhow it was computed\n")
+    repair.write_between_markers(doc, "| the new table |")
+    assert doc.read_text() == (f"# Results\n\nwhat it shows\n{begin}\n\n| the new table |\n\n{end}\n"
+                               "how it was computed\n")
+    repair.write_between_markers(doc, "| again |")  # written again: the same place, nothing accumulates
+    assert doc.read_text().count("|") == 2 and "new table" not in doc.read_text()
+    for broken in (f"{end}\n{begin}\n", f"{begin}\n", "no markers\n"):  # out of order, one missing, none
+        doc.write_text(broken)
+        with pytest.raises(SystemExit, match="to write the table between"):
+            repair.write_between_markers(doc, "| table |")
+        assert doc.read_text() == broken
+
+
+def test_the_committed_repair_table_is_the_records():
+    """docs/results/repair/README.md's table is what `repair.py --table --clean --out docs/results/repair` computes
+    from the cells committed beside it: a row edited by hand, or cells committed without the table written again
+    (`--into`), fails here."""
+    repair = _repair_benchmark()
+    docs = FLAWED.parent.parent / "docs" / "results" / "repair"
+    text = (docs / "README.md").read_text()
+    begin, end = (text.index(m + "\n") for m in repair.MARKERS)
+    committed = text[begin + len(repair.MARKERS[0]):end].strip()
+    assert committed == repair.record_table(docs, repair.selected("all", "", True), 3)
+
+
 def test_every_swe_harness_carries_the_templates_calibrated_thresholds():
     """The swe thresholds are calibrated on the swe policy's own healthy training and written into the template and
     each flawed copy (a complete harness each): a copy that drifts from the template judges its evidence by other
