@@ -312,11 +312,23 @@ def row_of(domain: str, name: str, harness: Path, cmp_dir: Path, cells: list, se
             "vs_hpo": (search_effect_of(cells, seeds) or [None])[:3]}
 
 
+def shipped_start(domain: str) -> str | None:
+    """The weights (`weights_digest`) of the warm policy the package ships for the domain's default configuration,
+    which every arm of a comparison starts from; None where it ships none."""
+    from evotrainer.trainer.policy import SHIPPED, cache_key, default_configs, weights_digest
+
+    policy = SHIPPED / cache_key(domain, 0, *default_configs(domain))
+    return weights_digest(policy) if (policy / "meta.json").is_file() else None
+
+
 def on_record(out: Path, domain: str, name: str, seeds: int) -> tuple[dict | None, str]:
     """`--table`: a harness's row from what is on record in `OUT/<domain>-<name>/` alone (its cells and the evidence
     kept beside them), or, while not all of its cells are done or one is stale, None and what is left. Nothing is
-    computed or written."""
+    computed or written. A record of another harness than the one in `benchmarks/flawed/` now (its digest, as
+    `compare` refuses to resume it), or started from other weights than the policy the package ships, is named, not
+    counted; one recorded before comparisons kept their start weights is counted and marked (`start_weights: None`)."""
     from evotrainer.compare.results import Cell, cells_on_record
+    from evotrainer.workspaces.source import starting_harness
 
     cmp_dir = out / f"{domain}-{name}"
     record = cells_on_record(cmp_dir / "cells") if (cmp_dir / "cells").is_dir() else {}
@@ -328,10 +340,20 @@ def on_record(out: Path, domain: str, name: str, seeds: int) -> tuple[dict | Non
         return None, (f"{domain}/{name}: {done} of {len(ARMS) * seeds} cells done"
                       + (f", {', '.join(stale)} stale" if stale else "")
                       + (f", {', '.join(todo)} to do" if todo and done else ""))
+    if not (cmp_dir / "request.json").is_file():
+        return None, f"{domain}/{name}: no request.json beside its cells (what they were computed for is unknown)"
     request = json.loads((cmp_dir / "request.json").read_text())
+    harness = starting_harness(domain) if name == "clean" else starting_harness(None, FLAWED / domain / name)
+    if name != "clean" and request.get("harness") != harness.digest:
+        return None, (f"{domain}/{name}: its cells were computed for harness {request.get('harness')}, which is "
+                      f"{harness.digest} now")
+    shipped, weights = shipped_start(domain), request.get("start_weights")
+    if weights is not None and shipped is not None and weights != shipped:
+        return None, (f"{domain}/{name}: its cells started from weights {weights}, the package ships "
+                      f"{shipped}")
     order = sorted(cells.values(), key=lambda c: (c.seed, ARMS.index(c.arm)))  # as compare returns them
-    return row_of(domain, name, FLAWED / domain / name, cmp_dir, order, list(range(seeds)), request.get("harness"),
-                  kept_only=True), ""
+    return row_of(domain, name, FLAWED / domain / name, cmp_dir, order, list(range(seeds)), harness.digest,
+                  kept_only=True) | {"start_weights": weights}, ""
 
 
 def _unknown(pairs: list[dict], note: str = "") -> str:
@@ -342,8 +364,10 @@ def _unknown(pairs: list[dict], note: str = "") -> str:
 
 
 def label(row: dict, mixed: bool) -> str:
-    """A row's harness, named with its domain where a table holds more than one."""
-    return f"{row['domain']}/{row['harness']}" if mixed else row["harness"]
+    """A row's harness, named with its domain where a table holds more than one; marked * where its start weights
+    were not recorded (`on_record`)."""
+    name = f"{row['domain']}/{row['harness']}" if mixed else row["harness"]
+    return name + ("*" if "start_weights" in row and row["start_weights"] is None else "")
 
 
 def table(rows: list[dict]) -> str:
@@ -373,7 +397,11 @@ def table(rows: list[dict]) -> str:
     lines += ["", "A harness with two defects has one entry per defect in the defect, repaired, generation and "
                   "reference columns, in the order of its README. A generation in parentheses: the repair was "
                   "promoted then but is not counted as repaired, its analyzer still firing at the end of the "
-                  "champion's line (or that evidence unreadable, as the repaired column says).", "",
+                  "champion's line (or that evidence unreadable, as the repaired column says)."
+              + (" *: computed before comparisons recorded the weights their arms start from (6f613c8), so not "
+                 "checked against the policy the package ships." if any("start_weights" in r and
+                                                                           r["start_weights"] is None for r in rows)
+                 else ""), "",
               f"Defects repaired in {sum(x['repaired'] for x in pairs)} of {len(pairs)} (defect, seed) pairs"
               f"{_unknown(pairs, ', not counted')}; "
               f"EvoTrainer above the reference with the interval's lower bound > 0 on {wins} of {len(flawed)} "
@@ -445,19 +473,38 @@ def record_table(out: Path, chosen: list[tuple[str, str]], seeds: int) -> str:
     left = [why for r, why in found if r is None]
     return ((table(rows) + "\n\nEvery test of a defect's repair:\n\n" + tests_table(rows) if rows else
              "No harness has all its cells done.")
-            + ("\n\nNot in the table (not all cells done, or one stale):\n" + "\n".join(f"- {w}" for w in left)
+            + ("\n\nNot in the table:\n" + "\n".join(f"- {w}" for w in left)
                if left else ""))
 
 
+def marked_lines(doc: str) -> tuple[list[str], int, int]:
+    """The document's lines and the indices of its two `MARKERS` lines (each alone on its line, once, the first
+    before the second); ValueError saying which is wrong otherwise."""
+    lines = doc.splitlines(keepends=True)
+    at = [[i for i, line in enumerate(lines) if line.strip() == m] for m in MARKERS]
+    for m, found in zip(MARKERS, at):
+        if len(found) != 1:
+            raise ValueError(f"{'no' if not found else len(found)} lines {m}: one is needed")
+    if at[0][0] > at[1][0]:
+        raise ValueError(f"{MARKERS[1]} comes before {MARKERS[0]}")
+    return lines, at[0][0], at[1][0]
+
+
+def between_markers(doc: str) -> str:
+    """What lies between the two `MARKERS` lines, stripped."""
+    lines, begin, end = marked_lines(doc)
+    return "".join(lines[begin + 1:end]).strip()
+
+
 def write_between_markers(path: Path, text: str) -> None:
-    """Replace what lies between the file's two `MARKERS` (each alone on its line) by `text`, atomically; a file
-    without them is one clear error and is left as it was."""
-    doc = path.read_text() if path.is_file() else ""
-    begin, end = (doc.find(m + "\n") for m in MARKERS)
-    if begin < 0 or end < begin:
-        sys.exit(f"error: {path} has no lines {MARKERS[0]} and {MARKERS[1]} (in that order) to write the table "
-                 "between: add them where the table goes")
-    atomic_write_text(path, doc[:begin + len(MARKERS[0]) + 1] + "\n" + text + "\n\n" + doc[end:])
+    """Replace what lies between the file's two `MARKERS` lines by `text`, atomically; a file without them (or with
+    either twice, or in the wrong order) is one clear error and is left as it was."""
+    try:
+        lines, begin, end = marked_lines(path.read_text() if path.is_file() else "")
+    except ValueError as e:
+        sys.exit(f"error: {path}: {e}; to write the table between them, put each alone on its line where the table "
+                 "goes")
+    atomic_write_text(path, "".join(lines[:begin + 1]) + "\n" + text + "\n\n" + "".join(lines[end:]))
 
 
 def selected(domain: str, only: str, clean: bool) -> list[tuple[str, str]]:
@@ -474,6 +521,8 @@ def selected(domain: str, only: str, clean: bool) -> list[tuple[str, str]]:
         sys.exit(f"error: no flawed {'' if domain == 'all' else domain + ' '}harness {unknown[0]!r}: choose from "
                  + ", ".join(f"{d}/{n}" if domain == "all" else n for d in domains for n in names[d]))
     clean = clean or "clean" in wanted
+    flawed = set(wanted) - {"clean"}
+    domains = [d for d in domains if not flawed or flawed & set(names[d])]  # the template of a domain named
     return [(d, n) for d in domains for n in (["clean"] if clean else []) + names[d] if not wanted or n in wanted
             or n == "clean"]
 
@@ -497,6 +546,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.again and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", args.again):
         sys.exit(f"error: --again {args.again!r}: a tag of letters, digits, '-' and '_' (it names files)")
+    if args.into and not args.table:
+        sys.exit("error: --into FILE writes the table of --table: add --table")
+    if args.again and (args.table or args.status):
+        sys.exit("error: --again computes cells again; --table and --status compute nothing: drop one")
     apply_offline_switches()
     chosen = selected(args.domain, args.only, args.clean)
     if args.status:
@@ -510,8 +563,6 @@ def main() -> None:
         else:
             print(text)
         return
-    if args.into:
-        sys.exit("error: --into FILE writes the table of --table: add --table")
     rows = []
     for domain, name in chosen:
         print(f"> {domain}/{name}", flush=True)

@@ -325,6 +325,7 @@ def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_
     baseline is named, not counted; a kept evidence half read beside another cell than the one on record answers
     nothing."""
     from evotrainer.compare.hpo import Search, Trial, trial_count
+    from evotrainer.compare.report import search_effect_of
     from evotrainer.compare.results import Cell, summarize
 
     repair = _repair_benchmark()
@@ -353,7 +354,8 @@ def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_
     for s, decision in enumerate(["promote", "promote", "inconclusive"]):
         cells += [write(done, "evotrainer", s, 80, 160, 0.6, [(1, "learning_rate", decision)]),
                   write(done, "reference", s, 80, 80, 0.45), write(done, "hpo", s, 80, 160, 0.5)]
-    (done / "request.json").write_text(json.dumps({"domain": "math", "harness": "f85f0eec94aa"}))
+    digest, weights = starting_harness(None, FLAWED / "math" / "low_lr").digest, repair.shipped_start("math")
+    (done / "request.json").write_text(json.dumps({"domain": "math", "harness": digest, "start_weights": weights}))
     (done / "repair").mkdir()
     for s, silent in enumerate([True, False, False]):
         ids = {a: repair.cell_identity(done / "cells" / f"{a}-s{s}.json") for a in ("evotrainer", "reference")}
@@ -382,7 +384,8 @@ def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_
     assert [x["defects"][0]["repaired"] for x in row["seeds"]] == [True, False, False]
     assert [x["defects"][0]["reference_analyzer_fires"] for x in row["seeds"]] == [True, True, None]
     md = repair.table([row])
-    assert "| low_lr | `update_size` -> `learning_rate` | 1/3 | 1, (1) | 2/3 |" in md
+    assert "| low_lr | `update_size` -> `learning_rate` | 1/3 | 1, (1) | 2/3 |" in md and "*:" not in md
+    assert list(row["vs_hpo"]) == list(search_effect_of(cells, [0, 1, 2])[:3])
     assert repair.on_record(tmp_path, "math", "pairs", 3) == (None, "math/pairs: 8 of 9 cells done, reference-s1 "
                                                                      "stale")
     assert repair.on_record(tmp_path, "math", "cold_sampler", 3) == (
@@ -390,6 +393,18 @@ def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_
               "reference-s2, hpo-s0, hpo-s1, hpo-s2 to do")
     assert repair.on_record(tmp_path, "math", "short_limit", 3) == (None, "math/short_limit: 0 of 9 cells done")
     assert files() == before  # nothing written (the kept half read beside an older cell is not dropped on disk)
+    # a record is of the harness and the start the package has now, or it is named and not counted
+    (done / "request.json").write_text(json.dumps({"harness": digest, "start_weights": "0" * 16}))
+    assert repair.on_record(tmp_path, "math", "low_lr", 3) == (
+        None, f"math/low_lr: its cells started from weights {'0' * 16}, the package ships {weights}")
+    (done / "request.json").write_text(json.dumps({"harness": "a" * 12, "start_weights": weights}))
+    assert repair.on_record(tmp_path, "math", "low_lr", 3) == (
+        None, f"math/low_lr: its cells were computed for harness {'a' * 12}, which is {digest} now")
+    (done / "request.json").write_text(json.dumps({"harness": digest}))  # recorded before start weights were
+    md = repair.table([repair.on_record(tmp_path, "math", "low_lr", 3)[0]])
+    assert "| low_lr* | `update_size`" in md and "*: computed before comparisons recorded the weights" in md
+    (done / "request.json").unlink()
+    assert repair.on_record(tmp_path, "math", "low_lr", 3)[0] is None
     two = repair.table([row, {**row, "domain": "code"}])
     assert "| math/low_lr |" in two and "| code/low_lr |" in two  # named with their domains where mixed
 
@@ -404,11 +419,29 @@ def test_the_table_is_written_between_its_markers_and_nowhere_else(tmp_path):
                                "how it was computed\n")
     repair.write_between_markers(doc, "| again |")  # written again: the same place, nothing accumulates
     assert doc.read_text().count("|") == 2 and "new table" not in doc.read_text()
-    for broken in (f"{end}\n{begin}\n", f"{begin}\n", "no markers\n"):  # out of order, one missing, none
+    for broken in (f"{end}\n{begin}\n", f"{begin}\n", "no markers\n",  # out of order, one missing, none
+                   f"{begin}\n{end}\n{begin}\n{end}\n",  # twice: which table is meant is not known
+                   f"see {begin}\nprose\n{end}\n"):  # a marker quoted in a line of prose is not one
         doc.write_text(broken)
         with pytest.raises(SystemExit, match="to write the table between"):
             repair.write_between_markers(doc, "| table |")
         assert doc.read_text() == broken
+    doc.write_text(f"top\n{begin}\nold\n{end}")  # the end marker on the last line, no newline after it
+    repair.write_between_markers(doc, "| t |")
+    assert doc.read_text() == f"top\n{begin}\n\n| t |\n\n{end}" and repair.between_markers(doc.read_text()) == "| t |"
+
+
+def test_a_selection_names_harnesses_across_domains_and_the_template_only_where_asked():
+    repair = _repair_benchmark()
+    every = repair.selected("all", "", False)
+    assert len(every) == len(DEFECTS) and ("swe", "short_turns") in every and ("math", "clean") not in every
+    assert repair.selected("all", "low_lr", True) == [("math", "clean"), ("math", "low_lr"), ("code", "clean"),
+                                                      ("code", "low_lr")]  # no swe template: no swe harness named
+    assert repair.selected("all", "clean", False) == [(d, "clean") for d in repair.DOMAINS]
+    assert repair.selected("code", "", True)[0] == ("code", "clean")
+    for domain, only in (("maths", ""), ("swe", "low_lr"), ("all", "nope")):
+        with pytest.raises(SystemExit, match="choose from"):
+            repair.selected(domain, only, False)
 
 
 def test_the_committed_repair_table_is_the_records():
@@ -417,9 +450,7 @@ def test_the_committed_repair_table_is_the_records():
     (`--into`), fails here."""
     repair = _repair_benchmark()
     docs = FLAWED.parent.parent / "docs" / "results" / "repair"
-    text = (docs / "README.md").read_text()
-    begin, end = (text.index(m + "\n") for m in repair.MARKERS)
-    committed = text[begin + len(repair.MARKERS[0]):end].strip()
+    committed = repair.between_markers((docs / "README.md").read_text())
     assert committed == repair.record_table(docs, repair.selected("all", "", True), 3)
 
 
