@@ -36,6 +36,7 @@ promote shows why: measured no better, blocked by a gate, or a gain smaller than
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import re
@@ -312,9 +313,11 @@ def row_of(domain: str, name: str, harness: Path, cmp_dir: Path, cells: list, se
             "vs_hpo": (search_effect_of(cells, seeds) or [None])[:3]}
 
 
+@functools.cache
 def shipped_start(domain: str) -> str | None:
     """The weights (`weights_digest`) of the warm policy the package ships for the domain's default configuration,
-    which every arm of a comparison starts from; None where it ships none."""
+    which every arm of a comparison starts from; None where it ships none. Read once a domain (every harness of a
+    table asks)."""
     from evotrainer.trainer.policy import SHIPPED, cache_key, default_configs, weights_digest
 
     policy = SHIPPED / cache_key(domain, 0, *default_configs(domain))
