@@ -14,9 +14,10 @@ committed cells, `request.json` and `repair/` resume a benchmark on a machine wi
 measures a changed loop against the same baselines: each EvoTrainer cell on record is set aside once
 (`cells/evotrainer-s<seed>.TAG.json`) and computed again, the `reference` and `hpo` cells read where they still fit its
 steps (`set_aside_loop_cells`). `--status` computes nothing: per harness, which cells are done, which one a process is
-computing now, which are left, and what was set aside (`status`). `--table` computes nothing either: it prints the table
-below from the cells on record alone (and the evidence kept beside them), every harness whose cells are all done and
-none stale, and names the others (`on_record`); `--into FILE` writes it between FILE's markers `<!-- repair.py
+computing now, which are left, what was set aside, and about how long the cells left take at the wall times of those
+on record (`status`). `--table` computes nothing either: it prints the table below from the cells on record alone (and
+the evidence kept beside them), every harness whose cells are all done and none stale, and names the others
+(`on_record`); `--into FILE` writes it between FILE's markers `<!-- repair.py
 --table -->` and `<!-- /repair.py --table -->` instead: `--table --out docs/results/repair --into
 docs/results/repair/README.md` is how the committed table is written, and tests/test_flawed.py checks that it is the
 record's.
@@ -232,6 +233,7 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
 
     lines = [f"| harness | {' | '.join(f'{a} s{s}' for a in ARMS for s in range(seeds))} | set aside |",
              "|---|" + "---|" * (len(ARMS) * seeds + 1)]
+    left = Counter()
     for name in names:
         cells = out / f"{domain}-{name}" / "cells"
         row = []
@@ -243,7 +245,9 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
                 if cell.is_file():
                     data = Cell.model_validate_json(cell.read_text())
                     row.append(f"done ({data.main_steps} steps, {data.test_accuracy:.4f}{stale(data, evo.get(s))})")
+                    left[arm] += "stale" in row[-1]
                     continue
+                left[arm] += 1
                 lock = cell.with_suffix(".lock")
                 try:  # a lock never taken cannot be held (and trying it would create it: status writes nothing)
                     with FileLock(lock, timeout=0) if lock.is_file() else nullcontext():
@@ -252,7 +256,38 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
                     row.append("computing")
         aside = sorted(p.name for p in cells.glob("*-s*.*.json")) if cells.is_dir() else []
         lines.append(f"| {domain}/{name} | {' | '.join(row)} | {', '.join(aside) or '-'} |")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n\n" + time_left(left, cell_minutes(out, domain))
+
+
+def cell_minutes(out: Path, domain: str) -> dict[str, list[float]]:
+    """The wall minutes of every cell on record, per arm, in the domain's comparisons under OUT (set-aside cells,
+    `<arm>-s<seed>.<TAG>.json`, are not on record)."""
+    minutes: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    for arm in ARMS:
+        for path in out.glob(f"{domain}-*/cells/{arm}-s*.json"):
+            if re.fullmatch(rf"{arm}-s\d+\.json", path.name):
+                minutes[arm].append(json.loads(path.read_text())["wall_seconds"] / 60)
+    return minutes
+
+
+def time_left(left: Counter, minutes: dict[str, list[float]]) -> str:
+    """`--status`'s last line: the cells left (to do, computing or stale) and about how long they take one at a
+    time, each at the median wall time its arm's cells on record took in this domain (on this machine, under its load
+    then: an estimate, not a promise)."""
+    arms = [arm for arm in ARMS if left[arm]]
+    if not arms:
+        return "Left: nothing, every cell is done."
+    text = (f"Left: {sum(left.values())} cells ({', '.join(f'{arm} {left[arm]}' for arm in arms)}; a cell computing "
+            "counted whole).")
+    timed = {arm: float(np.median(minutes[arm])) for arm in arms if minutes[arm]}
+    if not timed:
+        return text + " No cell of their arms is on record to time them."
+    each = ", ".join(f"{arm} {timed[arm]:.0f} min from {len(minutes[arm])}" for arm in timed)
+    hours = sum(left[arm] * timed[arm] for arm in timed) / 60
+    text += f" One at a time, at the median wall time of the domain's cells on record ({each}): about {hours:.1f} h"
+    untimed = [arm for arm in arms if arm not in timed]
+    return text + (f", plus the {sum(left[arm] for arm in untimed)} cells of {', '.join(untimed)}, with no cell of "
+                   "their arm on record to time them." if untimed else ".")
 
 
 def harness_row(domain: str, name: str, harness: Path, out: Path, seeds: int, budget: str, jobs: int = 1) -> dict:

@@ -275,14 +275,16 @@ def test_again_sets_each_loop_cell_aside_once_and_a_rerun_keeps_what_it_computed
 def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_path):
     """`--status` on a benchmark spread over sittings: a written cell is done, one whose lock a process holds is being
     computed, the rest are left; a baseline matched to other steps than its seed's EvoTrainer cell now has is stale
-    (compare will compute it again), as is a search whose trial count those steps no longer pay for."""
+    (compare will compute it again), as is a search whose trial count those steps no longer pay for. What is left is
+    timed at the median wall time of its arm's cells on record in the domain."""
     from filelock import FileLock
 
     repair = _repair_benchmark()
     cells = tmp_path / "math-pairs" / "cells"
     cells.mkdir(parents=True)
 
-    def cell(name: str, main: int, total: int, acc: float, trials: int | None = None) -> None:
+    def cell(name: str, main: int, total: int, acc: float, trials: int | None = None, minutes: float = 10,
+             into: Path = cells) -> None:
         from evotrainer.compare.hpo import Search, Trial
         from evotrainer.compare.results import Cell
 
@@ -290,18 +292,25 @@ def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_pat
         search = Search(trial_steps=20, chosen=0, startup=2,
                         trials=[Trial(number=i, params={}, dev_accuracy=0.5, checkpoint="") for i in range(trials)]) \
             if trials is not None else None
-        (cells / f"{name}.json").write_text(Cell(
+        into.mkdir(parents=True, exist_ok=True)
+        (into / f"{name}.json").write_text(Cell(
             arm=arm, seed=int(seed), checkpoint="", main_steps=main, total_steps=total, cpu_seconds=0.0,
-            wall_seconds=0.0, test_accuracy=acc, test_avg_at_k=acc, item_ids=[], greedy_correct=[],
+            wall_seconds=minutes * 60, test_accuracy=acc, test_avg_at_k=acc, item_ids=[], greedy_correct=[],
             search=search).model_dump_json())
 
-    cell("evotrainer-s0", 100, 180, 0.568)
-    cell("evotrainer-s1", 80, 160, 0.5555)
-    cell("reference-s0", 80, 80, 0.499)  # matched to seed 0's line before it grew
-    cell("reference-s1", 80, 80, 0.4965)
-    cell("hpo-s1", 80, 160, 0.534, trials=5)  # (160 - 60) // 20
-    cell("hpo-s0", 100, 160, 0.5345, trials=4)  # the line's steps, but 180 steps pay for 5 trials
+    cell("evotrainer-s0", 100, 180, 0.568, minutes=20)
+    cell("evotrainer-s1", 80, 160, 0.5555, minutes=30)
+    cell("reference-s0", 80, 80, 0.499, minutes=8)  # matched to seed 0's line before it grew
+    cell("reference-s1", 80, 80, 0.4965, minutes=10)
+    cell("hpo-s1", 80, 160, 0.534, trials=5, minutes=25)  # (160 - 60) // 20
+    cell("hpo-s0", 100, 160, 0.5345, trials=4, minutes=25)  # the line's steps, but 180 steps pay for 5 trials
     (cells / "evotrainer-s1.before-x.json").write_text("null\n")
+    # timing: the domain's cells on record in any harness, not a set-aside one, not another domain's
+    clean = tmp_path / "math-clean" / "cells"
+    cell("evotrainer-s1", 80, 160, 0.5, minutes=900, into=clean)
+    (clean / "evotrainer-s1.json").rename(clean / "evotrainer-s1.before-y.json")
+    cell("evotrainer-s0", 80, 160, 0.5, minutes=40, into=clean)
+    cell("evotrainer-s0", 80, 160, 0.5, minutes=6, into=tmp_path / "code-low_lr" / "cells")
     with FileLock(cells / "hpo-s2.lock"):  # another process is computing it
         table = repair.status(tmp_path, "math", ["pairs", "low_lr"], 3)
     lines = table.splitlines()
@@ -316,7 +325,23 @@ def test_status_tells_done_computing_stale_and_left_from_the_cells_alone(tmp_pat
     assert row[10] == "evotrainer-s1.before-x.json"
     assert lines[3].split(" | ")[1:] == ["to do"] * 9 + ["- |"]  # a harness not started: no directory yet
     assert not (tmp_path / "math-low_lr").exists() and not (cells / "hpo-s1.lock").exists()  # status wrote nothing
-    assert "computing" not in repair.status(tmp_path, "math", ["pairs"], 3)  # the lock released
+    assert "computing" not in repair.status(tmp_path, "math", ["pairs"], 3).splitlines()[2]  # the lock released
+    # left: pairs' evotrainer s2, reference s0 (stale) and s2, hpo s0 (stale) and s2 (computing), low_lr's nine
+    assert lines[-1] == ("Left: 14 cells (evotrainer 4, reference 5, hpo 5; a cell computing counted whole). One at a "
+                         "time, at the median wall time of the domain's cells on record (evotrainer 30 min from 3, "
+                         "reference 9 min from 2, hpo 25 min from 2): about 4.8 h.")  # (4 * 30 + 5 * 9 + 5 * 25) / 60
+    assert repair.status(tmp_path, "code", ["low_lr"], 1).splitlines()[-1] == (
+        "Left: 2 cells (reference 1, hpo 1; a cell computing counted whole). No cell of their arms is on record to "
+        "time them.")
+    assert repair.status(tmp_path, "code", ["cold_pairs"], 1).splitlines()[-1].endswith(
+        "(evotrainer 6 min from 1): about 0.1 h, plus the 2 cells of reference, hpo, with no cell of their arm on "
+        "record to time them.")
+    (cells / "evotrainer-s2.json").write_text((cells / "evotrainer-s1.json").read_text())
+    cell("reference-s0", 100, 100, 0.5)  # the stale ones computed again for seed 0's line, the others computed
+    cell("hpo-s0", 100, 180, 0.5, trials=5)
+    cell("reference-s2", 80, 80, 0.5)
+    cell("hpo-s2", 80, 160, 0.5, trials=5)
+    assert repair.status(tmp_path, "math", ["pairs"], 3).splitlines()[-1] == "Left: nothing, every cell is done."
 
 
 def test_the_table_is_the_record_recomputed_and_leaves_out_what_is_not_done(tmp_path, monkeypatch):
