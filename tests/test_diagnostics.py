@@ -116,6 +116,24 @@ def test_each_analyzer_fires_on_its_failure(kind):
         assert any(f.evidence for f in findings)
 
 
+def test_small_groups_says_the_value_it_crossed_and_what_a_larger_group_would_give():
+    """Two levels solved 20% and 80% of the time in groups of 2: each group is dead by chance 0.8^2 + 0.2^2 = 68% of
+    the time, the value the threshold is judged on. At the levels' mean rate (50%) it would read 50%: the message
+    states the value itself (a Planner or meta-LLM reading it must not see a chance below the threshold it crossed),
+    and groups of 4 at the same rates (0.8^4 + 0.2^4 = 41%), the size that would still fire."""
+    rows = []
+    for level, rate in ((1, 0.2), (2, 0.8)):
+        for g in range(50):  # groups of 2; a tenth of each level's samples right (or wrong) in turn: the level's rate
+            for k in range(2):
+                right = (2 * g + k) % 10 < rate * 10
+                rows.append({"rollout_id": f"{level}:{g}:{k}", "group_id": f"{level}:{g}", "difficulty": level,
+                             "correct": right, "reward": float(right)})
+    [f] = REGISTRY["small_groups"].fn(pd.DataFrame(rows), pd.DataFrame(), REGISTRY["small_groups"].defaults)
+    assert f.value == pytest.approx(0.68) and f.severity == "critical"
+    assert "groups of 2 are too small" in f.message and "68% of all groups are expected dead by chance" in f.message
+    assert f.message.endswith("groups of 4: 41%") and "50% of all" not in f.message
+
+
 def test_a_step_with_every_group_dead_says_nothing_about_the_learning_rate():
     """swe/short_turns' evidence: every group dead on every step, so no step moved the weights (update ratio 0); that
     is the harness starving the gradient (`dead_groups`), not a learning rate too low, and the Planner then put a

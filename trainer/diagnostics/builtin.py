@@ -61,20 +61,24 @@ def small_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     size = int(r.groupby("group_id", sort=False).size().median())
     p = gs["level"].map(r.groupby("difficulty")["correct"].mean())
     mid = p.between(t["low"], t["high"])
-    expected = (p ** size + (1 - p) ** size).where(mid, 0.0)
-    frac = float(expected.mean())
+
+    def expected(g: int) -> float:  # the share of all groups dead by chance were the groups of g samples
+        return float((p ** g + (1 - p) ** g).where(mid, 0.0).mean())
+
+    frac = expected(size)
     sev, thr = _level(frac, t["warning"], t["critical"])
     if not sev:
         return []
-    pm = float(p[mid].mean())
-    by_chance = {g: pm ** g + (1 - pm) ** g for g in (size, 2 * size)}
     dead = mid & (gs["std"] < 1e-6)
+    # the message states the value itself (each level at its own solve rate): the chance at the levels' mean rate
+    # would read lower (p^G + (1-p)^G is convex), below the threshold the value crossed
     return [Finding(analyzer="small_groups", metric="expected_dead_solvable_ratio", value=frac, threshold=thr,
-                    severity=sev, message=f"groups of {size} are too small for the pass rate: on levels solved "
-                                          f"{t['low']:.0%}-{t['high']:.0%} of the time ({mid.mean():.0%} of groups, "
-                                          f"mean {pm:.0%}) a group of {size} is dead {by_chance[size]:.0%} of the time "
-                                          f"by chance ({float(dead[mid].mean()):.0%} were), a group of {2 * size} "
-                                          f"{by_chance[2 * size]:.0%}",
+                    severity=sev, message=f"groups of {size} are too small for the pass rate: {mid.mean():.0%} of "
+                                          f"groups are on levels solved {t['low']:.0%}-{t['high']:.0%} of the time "
+                                          f"(mean {float(p[mid].mean()):.0%}), and at those levels' solve rates "
+                                          f"{frac:.0%} of all groups are expected dead by chance "
+                                          f"({float(dead.mean()):.0%} were); groups of {2 * size}: "
+                                          f"{expected(2 * size):.0%}",
                     evidence=_ids(r[r["group_id"].isin(set(gs.index[dead]))]))]
 
 
