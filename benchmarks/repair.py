@@ -227,10 +227,6 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
 
     from evotrainer.compare.results import Cell
 
-    def stale(cell: Cell, evo: Cell | None) -> str:
-        why = stale_why(cell, evo)
-        return f", stale: {why}" if why else ""
-
     lines = [f"| harness | {' | '.join(f'{a} s{s}' for a in ARMS for s in range(seeds))} | set aside |",
              "|---|" + "---|" * (len(ARMS) * seeds + 1)]
     left = Counter()
@@ -244,8 +240,10 @@ def status(out: Path, domain: str, names: list[str], seeds: int) -> str:
                 cell = cells / f"{arm}-s{s}.json"
                 if cell.is_file():
                     data = Cell.model_validate_json(cell.read_text())
-                    row.append(f"done ({data.main_steps} steps, {data.test_accuracy:.4f}{stale(data, evo.get(s))})")
-                    left[arm] += "stale" in row[-1]
+                    why = stale_why(data, evo.get(s))
+                    row.append(f"done ({data.main_steps} steps, {data.test_accuracy:.4f}"
+                               f"{f', stale: {why}' if why else ''})")
+                    left[arm] += bool(why)  # compare computes it again
                     continue
                 left[arm] += 1
                 lock = cell.with_suffix(".lock")
