@@ -111,6 +111,35 @@ def test_preconditions_follow_the_findings():
     assert apply("answer_parser", TEMPLATE, [F("unpaid_correct", "reward_unpaid_correct", 0.8, "critical")]) is None
 
 
+def test_larger_groups_are_sized_from_what_the_solve_rates_need_and_whole_in_the_batch():
+    """code/cold_pairs kept `small_groups` at warning after doubling 2 -> 4 (0.22-0.29 against 0.15): the step is
+    sized from the analyzer's `group_size_needed` instead, to the smallest group the batch holds whole that reaches
+    it; doubling only where nothing was measured, or where the analyzer no longer fires."""
+    pairs = {**TEMPLATE, "harness.yaml": set_knob(TEMPLATE["harness.yaml"], "num_generations", 2)}  # batch 256
+
+    def size(files, findings):
+        change = apply("more_generations", files, findings)
+        return None if change is None else load_spec_text(change.files["harness.yaml"])["trainer"]["num_generations"]
+
+    fired = F("small_groups", "expected_dead_solvable_ratio", 0.43, "critical")
+
+    def need(g):
+        return F("small_groups", "group_size_needed", g, "info")
+
+    assert size(pairs, []) == 4 and size(pairs, [fired]) == 4  # nothing measured: twice the group
+    assert size(pairs, [fired, need(9)]) == 16  # 9..15 do not divide 256
+    assert size(pairs, [fired, need(6)]) == 8 and size(pairs, [fired, need(3)]) == 4
+    assert size(pairs, [fired, need(64)]) == 32  # none large enough: the largest allowed, not nothing
+    assert size(pairs, [need(16)]) == 4  # the size alone, with the analyzer silent: no reason to size from it
+    assert "sample 16 completions per prompt instead of 2" in apply("more_generations", pairs, [fired, need(9)]).change
+    odd = {**pairs, "harness.yaml": set_knob(set_knob(pairs["harness.yaml"], "per_device_train_batch_size", 24),
+                                             "num_generations", 12)}
+    assert size(odd, [fired, need(16)]) == 24 and size(odd, []) == 24
+    whole = {**pairs, "harness.yaml": set_knob(set_knob(pairs["harness.yaml"], "per_device_train_batch_size", 32),
+                                               "num_generations", 32)}
+    assert size(whole, [fired, need(40)]) is None and size(whole, []) is None  # at the cap: nothing to propose
+
+
 def test_the_answer_parser_repair_reads_every_way_of_writing_the_answer_and_keeps_the_weight():
     import yaml
 

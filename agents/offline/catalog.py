@@ -427,10 +427,18 @@ def dr_grpo_objective(files: Files, findings: list[Finding]) -> Change | None:
 
 
 def more_generations(files: Files, findings: list[Finding]) -> Change | None:
+    """Larger groups at the same batch (fewer prompts a step). Where `small_groups` measured the size the solve rates
+    need (`group_size_needed`), the smallest size a batch holds whole that reaches it, or the largest it holds when
+    none does; with no such measurement, twice the group. At most 32."""
     ng = int(_knob(files, "num_generations"))
     bs = int(_knob(files, "per_device_train_batch_size"))
-    new = ng * 2
-    if new > 32 or bs % new:
+    sizes = [g for g in range(ng + 1, 33) if bs % g == 0]
+    need = [f for f in findings if f.analyzer == "small_groups" and f.metric == "group_size_needed"]
+    if need and _fired(findings, "small_groups") and sizes:
+        new = next((g for g in sizes if g >= need[0].value), sizes[-1])
+    elif ng * 2 in sizes:
+        new = ng * 2
+    else:
         return None
     return _knob_change(files, "num_generations", new, f"sample {new} completions per prompt instead of {ng}",
                         "If each group holds more samples, fewer groups are all-failed or all-solved and dev "

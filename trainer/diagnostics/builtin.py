@@ -50,12 +50,14 @@ def dead_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
                     evidence=_ids(r[r["group_id"].isin(dead_ids)]))]
 
 
-@analyzer("small_groups", warning=0.15, critical=0.30, low=0.2, high=0.8)
+@analyzer("small_groups", warning=0.15, critical=0.30, low=0.2, high=0.8, largest=64)
 def small_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     """Groups too small for the pass rate: on a difficulty level solved between `low` and `high` of the time (p), a
     group of G independent samples is all right or all wrong with probability p^G + (1-p)^G. The value is the share
     of all groups expected dead that way, a property of the group size and the solve rates, not of how the samples
-    happened to fall (a cold sampler kills groups too: `identical_samples`)."""
+    happened to fall (a cold sampler kills groups too: `identical_samples`). When it fires, a second finding (info,
+    `group_size_needed`) gives the smallest group, up to `largest`, whose share at the same rates is under the
+    warning: the size a larger group should have, as `update_size` gives the step a learning rate should take."""
     gs = _group_stats(r)
     gs["level"] = r.groupby("group_id", sort=False)["difficulty"].first()
     size = int(r.groupby("group_id", sort=False).size().median())
@@ -72,14 +74,20 @@ def small_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     dead = mid & (gs["std"] < 1e-6)
     # the message states the value itself (each level at its own solve rate): the chance at the levels' mean rate
     # would read lower (p^G + (1-p)^G is convex), below the threshold the value crossed
-    return [Finding(analyzer="small_groups", metric="expected_dead_solvable_ratio", value=frac, threshold=thr,
-                    severity=sev, message=f"groups of {size} are too small for the pass rate: {mid.mean():.0%} of "
-                                          f"groups are on levels solved {t['low']:.0%}-{t['high']:.0%} of the time "
-                                          f"(mean {float(p[mid].mean()):.0%}), and at those levels' solve rates "
-                                          f"{frac:.0%} of all groups are expected dead by chance "
-                                          f"({float(dead.mean()):.0%} were); groups of {2 * size}: "
-                                          f"{expected(2 * size):.0%}",
-                    evidence=_ids(r[r["group_id"].isin(set(gs.index[dead]))]))]
+    out = [Finding(analyzer="small_groups", metric="expected_dead_solvable_ratio", value=frac, threshold=thr,
+                   severity=sev, message=f"groups of {size} are too small for the pass rate: {mid.mean():.0%} of "
+                                         f"groups are on levels solved {t['low']:.0%}-{t['high']:.0%} of the time "
+                                         f"(mean {float(p[mid].mean()):.0%}), and at those levels' solve rates "
+                                         f"{frac:.0%} of all groups are expected dead by chance "
+                                         f"({float(dead.mean()):.0%} were); groups of {2 * size}: "
+                                         f"{expected(2 * size):.0%}",
+                   evidence=_ids(r[r["group_id"].isin(set(gs.index[dead]))]))]
+    need = next((g for g in range(size + 1, int(t["largest"]) + 1) if expected(g) <= t["warning"]), None)
+    if need is not None:
+        out.append(Finding(analyzer="small_groups", metric="group_size_needed", value=need, severity="info",
+                           message=f"groups of {need} would be dead by chance {expected(need):.0%} of the time at "
+                                   f"the same solve rates, the smallest group under the {t['warning']:.0%} warning"))
+    return out
 
 
 @analyzer("reward_spread", warning=0.05)
