@@ -560,6 +560,25 @@ def test_the_defect_shows_in_recorded_evidence_and_the_planner_proposes_its_repa
     _shows_and_is_repaired(name, data / "evidence", tmp_path)
 
 
+@pytest.mark.parametrize("name, need, size", [("math/pairs", 4, 4), ("code/cold_pairs", 7, 8)])
+def test_larger_groups_are_sized_from_the_recorded_evidence(tmp_path, name, need, size):
+    """On a real run's evidence, `small_groups` names the group its solve rates need, and `more_generations` goes
+    there at once: code/cold_pairs' pass rates need 7 (groups of 4, the doubling, leave 28% dead by chance), so 8,
+    the first size 256 holds whole; math/pairs' need 4, as the doubling gave."""
+    from evotrainer.agents.offline.catalog import apply
+    from evotrainer.trainer.harness import load_spec
+
+    harness = FLAWED / name
+    report = health_report(RECORDED / name.replace("/", "-") / "evidence", harness_dir=harness, work_dir=tmp_path)
+    [needed] = [f for f in report.findings if f.metric == "group_size_needed"]
+    assert needed.value == need
+    files = {f: (harness / f).read_text() for f in starting_harness(None, harness).files}
+    out = tmp_path / "sized"
+    shutil.copytree(harness, out)
+    (out / "harness.yaml").write_text(apply("more_generations", files, report.findings).files["harness.yaml"])
+    assert load_spec(out).trainer["num_generations"] == size
+
+
 def test_a_shipped_policy_is_current_and_copied_into_the_cache_on_first_use(tmp_path, monkeypatch):
     """Every policy the package ships is the warm-up's output for its domain's default configuration (a change of
     configuration, task data or tokenizer that makes a new key makes it stale: this fails until it is shipped
