@@ -560,11 +560,12 @@ def test_the_defect_shows_in_recorded_evidence_and_the_planner_proposes_its_repa
     _shows_and_is_repaired(name, data / "evidence", tmp_path)
 
 
-@pytest.mark.parametrize("name, need, size", [("math/pairs", 4, 4), ("code/cold_pairs", 7, 8)])
+@pytest.mark.parametrize("name, need, size", [("math/pairs", 7, 8), ("code/cold_pairs", 9, 16)])
 def test_larger_groups_are_sized_from_the_recorded_evidence(tmp_path, name, need, size):
-    """On a real run's evidence, `small_groups` names the group its solve rates need, and `more_generations` goes
-    there at once: code/cold_pairs' pass rates need 7 (groups of 4, the doubling, leave 28% dead by chance), so 8,
-    the first size 256 holds whole; math/pairs' need 4, as the doubling gave."""
+    """On a real run's evidence, `small_groups` names the group its levels need wherever their rates move within the
+    band, and `more_generations` goes to the first size the batch (256) holds whole that reaches it, where the doubling
+    gave groups of 4: math/pairs has 63% of its groups on such levels (0.63 x (0.8^7 + 0.2^7) = 13.2%), code/cold_pairs
+    90% (groups of 8 could read 0.9 x 16.8% = 15.1%)."""
     from evotrainer.agents.offline.catalog import apply
     from evotrainer.trainer.harness import load_spec
 
