@@ -184,7 +184,8 @@ def keep_evidence_checks(cmp_dir: Path, seeds: int, harness: Path, analyzers: li
 def set_aside_loop_cells(cmp_dir: Path, seeds: int, tag: str) -> list[int]:
     """`--again TAG`: the EvoTrainer cells on record are computed again (after a change to the loop), each set aside
     once as `cells/evotrainer-s<seed>.<TAG>.json` with its run directory (`runs/evotrainer-s<seed>.<TAG>`, which the
-    loop would otherwise resume, finished, to the same cell). A seed whose `<TAG>` file exists was set aside already:
+    loop would otherwise resume, finished, to the same cell) and its skill memory (`skills/evotrainer-s<seed>.<TAG>`:
+    the new run starts from an empty one, as the first did). A seed whose `<TAG>` file exists was set aside already:
     a rerun of the same command resumes what the first one computed instead of setting it aside in turn. The
     reference and hpo cells are then read where the new EvoTrainer cell has the same steps and computed again where
     not (`compare` sets a stale one aside), and each half of a seed's evidence check is read again for a changed
@@ -194,9 +195,9 @@ def set_aside_loop_cells(cmp_dir: Path, seeds: int, tag: str) -> list[int]:
         cell, kept = cmp_dir / "cells" / f"evotrainer-s{s}.json", cmp_dir / "cells" / f"evotrainer-s{s}.{tag}.json"
         if kept.exists():
             continue
-        run = cmp_dir / "runs" / f"evotrainer-s{s}"
-        if run.is_dir():
-            run.rename(cmp_dir / "runs" / f"evotrainer-s{s}.{tag}")
+        for kind in ("runs", "skills"):
+            if (done := cmp_dir / kind / f"evotrainer-s{s}").is_dir():
+                done.rename(cmp_dir / kind / f"evotrainer-s{s}.{tag}")
         kept.parent.mkdir(parents=True, exist_ok=True)
         if cell.is_file():
             cell.rename(kept)

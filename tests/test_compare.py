@@ -22,7 +22,7 @@ from evotrainer.compare import (
     static_harness,
     summarize,
 )
-from evotrainer.compare.execution import check_start
+from evotrainer.compare.execution import check_start, own_memory
 from evotrainer.compare.hpo import current, propose, space, template_recipe, trial_count
 from evotrainer.trainer.harness import load_spec
 from evotrainer.trainer.policy import weights_digest
@@ -130,6 +130,18 @@ def test_a_comparison_may_grow_its_seeds_but_not_change_its_arms(tmp_path):
         check_request(tmp_path, {**request, "arms": ["reference"]})
     with pytest.raises(UserError, match="other settings"):
         check_request(tmp_path, {**request, "budget": "smoke"})
+
+
+def test_a_loop_run_starts_from_an_empty_memory_whatever_a_run_before_it_left(tmp_path):
+    """A loop cell computed again (its run set aside or removed) would otherwise read the first run's lessons of the
+    same transforms on the same seed as its prior: each leftover memory is moved aside, numbered, and kept."""
+    skills = tmp_path / "skills" / "evotrainer-s0"
+    assert own_memory(skills) == skills and not skills.exists()  # nothing left: nothing moved
+    for n in (1, 2):
+        skills.mkdir(parents=True)
+        (skills / "chroma.sqlite3").write_text(f"run {n}")
+        assert own_memory(skills) == skills and not skills.exists()
+        assert (tmp_path / "skills" / f"evotrainer-s0.orphan-{n}" / "chroma.sqlite3").read_text() == f"run {n}"
 
 
 def test_a_comparison_computes_more_cells_only_from_the_weights_its_cells_started_from(tmp_path):
@@ -357,8 +369,12 @@ def test_smoke_comparison_matches_steps_reports_and_resumes(tiny_policy, scripte
     args = ["compare", "--domain", "math", "--seeds", "1", "--budget", "smoke", "--arms", arms,
             "--meta-llm", "openai/scripted-meta", "--api-base", scripted_llm,
             "--checkpoint", str(tiny_policy), "--out", str(out), "--json"]
+    left = out / "skills" / "evotrainer-s0"  # the memory of a run set aside (`repair.py --again`): never read
+    left.mkdir(parents=True)
+    (left / "lesson").write_text("a measurement of the first run")
     res = run_cli(*args, "--jobs", "2")  # a second process shares the cells
     assert res.returncode == 0, res.stderr[-2000:]
+    assert (out / "skills" / "evotrainer-s0.orphan-1" / "lesson").is_file() and not (left / "lesson").exists()
     summaries = {s["arm"]: s for s in json.loads(res.stdout.strip().splitlines()[-1])}
     worker = (out / "logs" / "worker-1.log").read_text()
     (printed,) = [line for line in worker.splitlines() if line.startswith("[")]  # its summaries, as --json prints

@@ -248,9 +248,11 @@ def test_again_sets_each_loop_cell_aside_once_and_a_rerun_keeps_what_it_computed
     (which the loop would resume, finished, to the same cell), the baselines stay; the same command run again, as
     a resume, sets aside nothing that the first computed."""
     repair = _repair_benchmark()
-    cells, runs = tmp_path / "cells", tmp_path / "runs"
+    cells, runs, skills = tmp_path / "cells", tmp_path / "runs", tmp_path / "skills"
     for s in (0, 1):
         (runs / f"evotrainer-s{s}").mkdir(parents=True)
+        (skills / f"evotrainer-s{s}").mkdir(parents=True)  # each run's own memory: its lessons go aside with it
+    (skills / "reference-s0").mkdir()
     cells.mkdir()
     for name in ("evotrainer-s0", "evotrainer-s1", "reference-s0", "hpo-s0"):
         (cells / f"{name}.json").write_text(json.dumps({"cell": name}))
@@ -261,12 +263,15 @@ def test_again_sets_each_loop_cell_aside_once_and_a_rerun_keeps_what_it_computed
     assert json.loads((cells / "evotrainer-s1.before-x.json").read_text()) == {"cell": "evotrainer-s1"}
     assert json.loads((cells / "evotrainer-s2.before-x.json").read_text()) is None  # nothing was on record
     assert sorted(p.name for p in runs.iterdir()) == ["evotrainer-s0.before-x", "evotrainer-s1.before-x"]
+    assert sorted(p.name for p in skills.iterdir()) == ["evotrainer-s0.before-x", "evotrainer-s1.before-x",
+                                                        "reference-s0"]
     # the loop computes seed 0 again, then the run is stopped and resumed with the same command
     (runs / "evotrainer-s0").mkdir()
+    (skills / "evotrainer-s0").mkdir()
     (cells / "evotrainer-s0.json").write_text(json.dumps({"cell": "new"}))
     assert repair.set_aside_loop_cells(tmp_path, 3, "before-x") == []
     assert json.loads((cells / "evotrainer-s0.json").read_text()) == {"cell": "new"}
-    assert (runs / "evotrainer-s0").is_dir()
+    assert (runs / "evotrainer-s0").is_dir() and (skills / "evotrainer-s0").is_dir()  # a resume keeps its memory
     # another change later, another tag: the second computation is set aside in its turn
     assert repair.set_aside_loop_cells(tmp_path, 1, "before-y") == [0]
     assert json.loads((cells / "evotrainer-s0.before-y.json").read_text()) == {"cell": "new"}

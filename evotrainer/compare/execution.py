@@ -172,9 +172,10 @@ class Compare:
             ws = RunWorkspace.open(run_dir)
         else:
             # every run its own skill memory: seeds stay independent, and no arm learns from another
+            skills = own_memory(self.out / "skills" / f"{arm}-s{seed}")
             ws = open_run(run_dir, domain=self.domain, budget={"generations": b.generations,
                                                                "candidates": b.candidates},
-                          meta_llm=meta_llm, api_base=api_base, skills=str(self.out / "skills" / f"{arm}-s{seed}"),
+                          meta_llm=meta_llm, api_base=api_base, skills=str(skills),
                           checkpoint=str(self.start), seed=seed, loop_overrides={**b.loop_overrides(), **LOOPS[arm]},
                           harness=None if self.harness.template else self.harness)
         summary = drive(ws, policy, fresh=None)  # a run interrupted earlier resumes
@@ -336,6 +337,20 @@ class Compare:
         write_report(comparison, self.out)
         return comparison
 
+
+
+def own_memory(skills: Path) -> Path:
+    """`skills`, empty, for a loop run about to start: a skill memory left there by a run that no longer exists (set
+    aside by `repair.py --again`, or removed to compute its cell again) is moved aside to `<name>.orphan-<n>`, never
+    read. Its lessons are that run's measurements of the same transforms on the same seed: read as a prior, they
+    would change what the new run plans and what its Critic decides (a repair measured -0.001 then promoted on
+    P(gain) 0.64 under a prior of two earlier tests), and the cell would no longer be one run from an empty memory."""
+    if skills.exists():
+        n = 1
+        while (aside := skills.with_name(f"{skills.name}.orphan-{n}")).exists():
+            n += 1
+        skills.rename(aside)
+    return skills
 
 
 def check_request(out: Path, request: dict) -> None:
