@@ -343,8 +343,8 @@ def own_memory(skills: Path) -> Path:
     """`skills`, empty, for a loop run about to start: a skill memory left there by a run that no longer exists (set
     aside by `repair.py --again`, or removed to compute its cell again) is moved aside to `<name>.orphan-<n>`, never
     read. Its lessons are that run's measurements of the same transforms on the same seed: read as a prior, they
-    would change what the new run plans and what its Critic decides (a repair measured -0.001 then promoted on
-    P(gain) 0.64 under a prior of two earlier tests), and the cell would no longer be one run from an empty memory."""
+    would change what the new run plans and what its Critic decides (the candidate ranked first, its P(gain) read
+    under that prior), and the cell would no longer be one run from an empty memory."""
     if skills.exists():
         n = 1
         while (aside := skills.with_name(f"{skills.name}.orphan-{n}")).exists():

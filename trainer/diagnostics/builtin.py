@@ -60,7 +60,7 @@ def small_groups(r: pd.DataFrame, s: pd.DataFrame, t: dict) -> list[Finding]:
     should take: the smallest group, up to `largest`, that keeps the value under the warning wherever those levels'
     solve rates move within `low`-`high` as the policy trains (each at the band's edge, where p^G + (1-p)^G is
     largest). A size chosen at today's rates alone is silenced only until they move: on code/cold_pairs groups of 4
-    read 14% when chosen and 22% at the end of the line."""
+    read 14% when chosen and 22% a generation later."""
     gs = _group_stats(r)
     gs["level"] = r.groupby("group_id", sort=False)["difficulty"].first()
     size = int(r.groupby("group_id", sort=False).size().median())
