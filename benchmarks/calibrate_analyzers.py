@@ -6,7 +6,10 @@ EVIDENCE is a run directory, a `train --out` directory or an evidence folder. `e
 only when its analyzer fires; calibrating a threshold needs the value on healthy runs too. An analyzer reports its
 metric only in a finding, so each is run twice with its `warning`/`critical` thresholds forced to either extreme
 (one of the two always fires, the metric does not depend on them); its other parameters keep their defaults. A metric
-an analyzer never reports on this slice (too few samples, a column this domain lacks) is listed as `-`.
+an analyzer never reports on this slice (too few samples, a column this domain lacks) is listed as `-`. An info
+finding an analyzer adds at its defaults is listed too, marked `info`: some depend on the thresholds (`small_groups`'
+`group_size_needed`, the smallest group that keeps its value under the warning, is named only when it fires at its
+defaults, and never at a forced extreme).
 """
 
 from __future__ import annotations
@@ -17,25 +20,30 @@ import math
 from evotrainer.base.settings import apply_offline_switches
 
 
-def metrics(rollouts, steps) -> list[tuple[str, str, float | None, dict, bool]]:
-    """(analyzer, metric, value, default thresholds, fires at its defaults) for every built-in analyzer."""
+def metrics(rollouts, steps) -> list[tuple[str, str, float | None, dict, str]]:
+    """(analyzer, metric, value, default thresholds, "yes" if it fires at its defaults, "info" if only an info finding
+    there, else "") for every built-in analyzer."""
     from evotrainer.trainer.diagnostics import REGISTRY
 
     rows = []
     for a in REGISTRY.values():
         try:
-            at_default = {f.metric for f in a.run(rollouts, steps) if f.severity != "info"}
+            default = a.run(rollouts, steps)
+            fires = {f.metric: "yes" for f in default if f.severity != "info"}
             seen: dict[str, float] = {}
             for extreme in (-math.inf, math.inf):
                 forced = {k: extreme for k in ("warning", "critical") if k in a.defaults}
                 for f in a.run(rollouts, steps, forced):
                     seen.setdefault(f.metric, f.value)
+            for f in default:  # info findings at the defaults: those no forced run gives too
+                if f.severity == "info" and f.metric not in seen:
+                    seen[f.metric], fires[f.metric] = f.value, "info"
         except (KeyError, AttributeError, ValueError, TypeError):  # a column of another domain
-            rows.append((a.id, "-", None, a.defaults, False))
+            rows.append((a.id, "-", None, a.defaults, ""))
             continue
         if not seen:
-            rows.append((a.id, "-", None, a.defaults, False))
-        rows += [(a.id, m, v, a.defaults, m in at_default) for m, v in sorted(seen.items())]
+            rows.append((a.id, "-", None, a.defaults, ""))
+        rows += [(a.id, m, v, a.defaults, fires.get(m, "")) for m, v in sorted(seen.items())]
     return rows
 
 
@@ -58,7 +66,7 @@ def main() -> None:
     print("| analyzer | metric | value | default thresholds | fires |\n|---|---|---|---|---|")
     for aid, metric, value, defaults, fires in metrics(rollouts, steps):
         thr = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
-        print(f"| {aid} | {metric} | {'-' if value is None else f'{value:.4g}'} | {thr} | {'yes' if fires else ''} |")
+        print(f"| {aid} | {metric} | {'-' if value is None else f'{value:.4g}'} | {thr} | {fires} |")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Each built-in analyzer fires on crafted evidence that has its failure, and stays silent on healthy evidence."""
 
+import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -9,6 +11,8 @@ import pytest
 from evotrainer.trainer.diagnostics import REGISTRY, Finding, run_all
 from evotrainer.trainer.diagnostics.report import HealthReport, health_report, write_report
 from evotrainer.trainer.evidence import EvidenceWriter
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def healthy(steps: int = 12, groups: int = 8, g: int = 8, seed: int = 0) -> pd.DataFrame:
@@ -116,19 +120,24 @@ def test_each_analyzer_fires_on_its_failure(kind):
         assert any(f.evidence for f in findings)
 
 
+def _two_levels() -> pd.DataFrame:
+    """Groups of 2 on two levels solved 20% and 80% of the time."""
+    rows = []
+    for level, rate in ((1, 0.2), (2, 0.8)):
+        for g in range(50):  # a tenth of each level's samples right (or wrong) in turn: the level's rate
+            for k in range(2):
+                right = (2 * g + k) % 10 < rate * 10
+                rows.append({"rollout_id": f"{level}:{g}:{k}", "group_id": f"{level}:{g}", "difficulty": level,
+                             "correct": right, "reward": float(right)})
+    return pd.DataFrame(rows)
+
+
 def test_small_groups_says_the_value_it_crossed_and_what_a_larger_group_would_give():
     """Two levels solved 20% and 80% of the time in groups of 2: each group is dead by chance 0.8^2 + 0.2^2 = 68% of
     the time, the value the threshold is judged on. At the levels' mean rate (50%) it would read 50%: the message
     states the value itself (a Planner or meta-LLM reading it must not see a chance below the threshold it crossed),
     and groups of 4 at the same rates (0.8^4 + 0.2^4 = 41%), the size that would still fire."""
-    rows = []
-    for level, rate in ((1, 0.2), (2, 0.8)):
-        for g in range(50):  # groups of 2; a tenth of each level's samples right (or wrong) in turn: the level's rate
-            for k in range(2):
-                right = (2 * g + k) % 10 < rate * 10
-                rows.append({"rollout_id": f"{level}:{g}:{k}", "group_id": f"{level}:{g}", "difficulty": level,
-                             "correct": right, "reward": float(right)})
-    [f, need] = REGISTRY["small_groups"].fn(pd.DataFrame(rows), pd.DataFrame(), REGISTRY["small_groups"].defaults)
+    [f, need] = REGISTRY["small_groups"].fn(_two_levels(), pd.DataFrame(), REGISTRY["small_groups"].defaults)
     assert f.value == pytest.approx(0.68) and f.severity == "critical"
     assert "groups of 2 are too small" in f.message and "68% of all groups are expected dead by chance" in f.message
     assert f.message.endswith("groups of 4: 41%") and "50% of all" not in f.message
@@ -138,6 +147,19 @@ def test_small_groups_says_the_value_it_crossed_and_what_a_larger_group_would_gi
     assert "groups of 9 keep the share under the 15% warning" in need.message
     assert need.message.endswith("(at most 13%; 13% at today's rates)")
     assert f"{need.analyzer}/{need.metric}" != f"{f.analyzer}/{f.metric}"  # its own id beside the finding it sizes
+
+
+def test_the_calibration_script_lists_the_size_the_group_needs_beside_the_value():
+    """benchmarks/calibrate_analyzers.py forces each analyzer's thresholds to either extreme to read its metric, where
+    no group size is ever named (none keeps the value under a warning of -inf; none is needed under +inf): the size
+    comes from the run at the defaults, marked info, beside the value that fires."""
+    spec = importlib.util.spec_from_file_location("calibrate", ROOT / "benchmarks" / "calibrate_analyzers.py")
+    calibrate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibrate)
+    rows = _two_levels()  # the levels of the test above: 68% dead by chance, 9 needed
+    found = {(a, m): (v, fires) for a, m, v, _, fires in calibrate.metrics(rows, pd.DataFrame())}
+    assert found[("small_groups", "expected_dead_solvable_ratio")] == (pytest.approx(0.68), "yes")
+    assert found[("small_groups", "group_size_needed")] == (9, "info")
 
 
 def test_small_groups_sizes_the_group_for_solve_rates_that_move_within_the_band():
