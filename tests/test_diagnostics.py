@@ -165,7 +165,7 @@ def test_the_calibration_script_lists_the_size_the_group_needs_beside_the_value(
 def test_small_groups_sizes_the_group_for_solve_rates_that_move_within_the_band():
     """Half the groups on a level solved 50% of the time, half on one never solved (outside the band): groups of 2
     read 0.5 x (0.5^2 + 0.5^2) = 25%, a warning. At today's rate groups of 3 would read 12.5%, but the policy's rates
-    move as it trains (code/cold_pairs: groups of 4 read 14% when chosen, 22% at the end of the line): the size named
+    move as it trains (code/cold_pairs: groups of 4 read 14% when chosen, 22% a generation later): the size named
     keeps the value under the warning at the band's worst rate, 0.5 x (0.8^6 + 0.2^6) = 13.1% (groups of 5: 16.4%).
     With `largest` 5 no size is named (the transform then doubles); one group of all the samples is silent."""
     rows = []
